@@ -1,0 +1,59 @@
+"""Shared fixtures: one local Ray instance and one tiny token cache for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def tiny_study_dict(**overrides) -> dict:
+    """A study small enough to train in seconds on one CPU core."""
+    study = {
+        "name": "tiny",
+        "data": {
+            "sources": [
+                {"name": "edu", "uri": "embedded://edu?docs=300", "weight": 0.6},
+                {"name": "web", "uri": "embedded://web?docs=300", "weight": 0.4},
+            ],
+            "tokenizer": "bpe:512",
+            "seq_len": 32,
+            "token_budget": 32 * 8 * 24,
+            "val_share": 0.1,
+            "seed": 0,
+        },
+        "models": [
+            {"arch": "gpt2", "config": {"d_model": 32, "n_layer": 2, "n_head": 2}},
+            {"arch": "mamba", "config": {"d_model": 32, "n_layer": 2, "d_state": 4}},
+        ],
+        "train": {"lr": 3e-3, "warmup_steps": 2, "micro_batch": 4, "global_batch": 8, "eval_every": 8},
+        "seeds": 2,
+    }
+    for key, value in overrides.items():
+        study[key] = value
+    return study
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from rayb import runtime
+
+    runtime.init_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(ray_session, tmp_path_factory):
+    from rayb.data.pipeline import prepare_data
+    from rayb.study import parse_study
+
+    study = parse_study(tiny_study_dict())
+    return prepare_data(study.data, tmp_path_factory.mktemp("cache"))

@@ -1,0 +1,134 @@
+"""The study schema: valid files load, invalid ones fail before Ray starts and name the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_study_dict
+from typer.testing import CliRunner
+
+from rayb.cli import app
+from rayb.study import StudyError, load_study, parse_study
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def test_shipped_smoke_study_is_valid():
+    study = load_study(CONFIGS / "smoke.yaml")
+    assert {m.arch for m in study.models} >= {"gpt2", "llama", "mamba"}
+    assert len(study.seeds) >= 2
+    assert study.steps == study.data.token_budget // (study.data.seq_len * study.train.global_batch)
+
+
+def test_defaults_and_normalisation():
+    study = parse_study(tiny_study_dict(seeds=3))
+    assert study.seeds == [0, 1, 2]
+    assert study.train.lr == [3e-3]  # a scalar lr becomes a one-point sweep
+    assert study.reference == "gpt2"  # the first model when none is named
+    assert study.train.dtype == "fp32"  # auto on CPU
+
+
+def _broken(path: tuple, value):
+    raw = copy.deepcopy(tiny_study_dict())
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("data", "sources", 0, "weight"), 0.7, "data: source weights must sum to 1"),
+        (("models", 1, "arch"), "transformer9000", "models.1.arch: unknown architecture 'transformer9000'"),
+        (
+            ("models", 0, "arch"),
+            "no_such_pkg.mod:build",
+            "models.0.arch: cannot import 'no_such_pkg.mod:build'",
+        ),
+        (("train", "global_batch"), 6, "train: global_batch (6) must be a multiple of micro_batch"),
+        (("train", "zero_stage"), 3, "train.zero_stage"),
+        (("train", "lr"), -1.0, "train.lr: learning rates must be in (0, 1)"),
+        (("data", "sources", 0, "uri"), "/nonexistent/shards", "data.sources.0.uri: no parquet files at"),
+        (("data", "sources", 0, "uri"), "embedded://wiki", "unknown embedded source 'wiki'"),
+        (("data", "sources", 0, "uri"), "ftp://x/y", "unknown data scheme 'ftp://'"),
+        (("data", "tokenizer"), "bpe:lots", "data.tokenizer: 'bpe:lots': use bpe:<vocab size>"),
+        (("data", "token_budget"), 100, "less than one optimizer step"),
+        (("data", "seq_len"), "long", "data.seq_len"),
+        (("seeds",), [1, 1], "seeds: seeds must be distinct"),
+        (("eval",), ["lm", "vibes"], "unknown eval suite(s) ['vibes']"),
+        (("verdict",), {"reference": "gpt3"}, "verdict.reference 'gpt3' is not a model label"),
+        (("trian",), {}, "trian: unknown field; remove it or check its spelling"),
+    ],
+)
+def test_invalid_fields_are_named(path, value, expected):
+    with pytest.raises(StudyError) as err:
+        parse_study(_broken(path, value))
+    assert expected in str(err.value)
+
+
+def test_missing_required_field():
+    raw = tiny_study_dict()
+    del raw["data"]["token_budget"]
+    with pytest.raises(StudyError, match=r"data.token_budget: required field is missing"):
+        parse_study(raw)
+
+
+def test_duplicate_model_labels_need_names():
+    raw = tiny_study_dict()
+    raw["models"].append(dict(raw["models"][0]))
+    with pytest.raises(StudyError, match="model labels must be unique"):
+        parse_study(raw)
+    raw["models"][-1]["name"] = "gpt2-b"
+    assert parse_study(raw).models[-1].label == "gpt2-b"
+
+
+def test_trial_keys_separate_what_matters():
+    study = parse_study(tiny_study_dict())
+    gpt2 = study.models[0]
+    key = study.trial_key(gpt2, 3e-3, 0, "data1")
+    assert key == study.trial_key(gpt2, 3e-3, 0, "data1")
+    assert (
+        len(
+            {
+                key,
+                study.trial_key(gpt2, 3e-3, 1, "data1"),
+                study.trial_key(gpt2, 1e-3, 0, "data1"),
+                study.trial_key(gpt2, 3e-3, 0, "data2"),
+                study.trial_key(study.models[1], 3e-3, 0, "data1"),
+            }
+        )
+        == 5
+    )
+    # Scheduling does not change results, so it does not change the key.
+    raw = tiny_study_dict()
+    raw["train"]["max_concurrent_trials"] = 1
+    assert parse_study(raw).trial_key(gpt2, 3e-3, 0, "data1") == key
+
+
+def test_cli_validate(tmp_path, monkeypatch):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["validate", str(CONFIGS / "smoke.yaml")])
+    assert ok.exit_code == 0 and "6 trials" in ok.output
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_broken(("models", 1, "arch"), "gpt5")))
+    # An invalid study must fail before any cluster work: make starting Ray an error.
+    monkeypatch.setattr("rayb.runtime.init_ray", lambda: pytest.fail("Ray started for an invalid study"))
+    for command in ("validate", "run"):
+        result = runner.invoke(app, [command, str(bad)])
+        assert result.exit_code == 2
+        assert "models.1.arch" in result.output and "gpt5" in result.output
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(StudyError, match="no such study file"):
+        load_study(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed")
+    with pytest.raises(StudyError, match="not valid YAML"):
+        load_study(broken)
