@@ -1,0 +1,85 @@
+"""The packed-token cache: what Ray Data writes once and every trial of a study reads.
+
+Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the rows it trains on):
+    manifest.json   seq_len, rows, dtype, tokenizer, per-source counts, unigram entropy
+    train.bin       (train_rows, seq_len) tokens in their final, shuffled, mixed order
+    val.bin         (val_rows, seq_len) held-out tokens
+    val_bytes.npy   UTF-8 bytes of the scored tokens (positions 1..T-1) of each validation row
+
+Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
+takes an interleaved share of it. That is what makes every model's batch sequence identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    path: Path
+
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads((Path(self.path) / MANIFEST).read_text())
+
+    @property
+    def seq_len(self) -> int:
+        return self.manifest["seq_len"]
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(self.path) / "tokenizer"
+
+    @cached_property
+    def train(self) -> np.ndarray:
+        return self._open("train")
+
+    @cached_property
+    def val(self) -> np.ndarray:
+        return self._open("val")
+
+    @cached_property
+    def val_bytes(self) -> np.ndarray:
+        return np.load(Path(self.path) / "val_bytes.npy")
+
+    def _open(self, split: str) -> np.ndarray:
+        rows = self.manifest[f"{split}_rows"]
+        return np.memmap(
+            Path(self.path) / f"{split}.bin",
+            dtype=self.manifest["dtype"],
+            mode="r",
+            shape=(rows, self.seq_len),
+        )
+
+    def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
+        """Rows of global batch `step` that worker `rank` trains on in its `micro`-th micro-step."""
+        return self.train[micro_batch_rows(step, micro, rank, world, global_batch, micro_batch)]
+
+
+def micro_batch_rows(step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
+    """Row indices; the union over (micro, rank) is exactly [step·G, (step+1)·G) for any `world`."""
+    start = step * global_batch + (micro * world + rank) * micro_batch
+    return np.arange(start, start + micro_batch)
+
+
+def row_digest(rows: np.ndarray) -> int:
+    """A 40-bit hash per row, summed over a batch: order-free, so shards can be combined by all-reduce."""
+    total = 0
+    for row in np.ascontiguousarray(rows, dtype=np.int64):
+        total += int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=5).digest(), "little")
+    return total
+
+
+def unigram_entropy(counts: np.ndarray) -> float:
+    """Entropy (nats/token) of the empirical unigram distribution: the loss of a context-free model."""
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())

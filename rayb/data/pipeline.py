@@ -1,0 +1,195 @@
+"""The data step on Ray Data: read parquet, tokenize in parallel, pack, mix by weight, split, cache.
+
+This is the only data module that knows about Ray. Ray Data reads and tokenizes each source in
+parallel, in document order (`preserve_order`); the driver packs the ordered stream into rows and
+places them in a memory-mapped cache (see `cache.py`). The mix is exact by construction: source i
+contributes round(w_i · rows) packed rows, and one seeded permutation scatters them through the
+training set. Each source stops being read once it has delivered its rows, so a hub-sized source
+costs only the tokens the budget asks for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+from tokenizers import Tokenizer
+
+from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
+from rayb.data.packing import Packer, split_rows
+from rayb.data.sources import ResolvedSource, resolve
+from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
+from rayb.study import DataSpec, digest
+
+CACHE_FORMAT_VERSION = 1
+BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
+TOKENIZE_BATCH_DOCS = 256
+
+
+class SourceTooSmall(ValueError):
+    pass
+
+
+def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
+    """Build (or reuse) the packed-token cache for a data spec; return it."""
+    cache_root = Path(cache_root).resolve()
+    resolved = {s.name: resolve(s.uri, cache_root) for s in spec.sources}
+    key = data_key(spec, resolved)
+    out = cache_root / "data" / key
+    if (out / MANIFEST).exists():
+        return TokenCache(out)
+
+    started = time.perf_counter()
+    tokenizer_dir = _tokenizer(spec, resolved, cache_root)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{key}-"))
+    try:
+        shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+        manifest = _write_rows(spec, resolved, tmp)
+        manifest.update(
+            key=key, tokenizer_source=spec.tokenizer, build_s=round(time.perf_counter() - started, 2)
+        )
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return TokenCache(out)
+
+
+def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:
+    content = {name: r.fingerprint for name, r in resolved.items()}
+    return digest({"spec": spec.model_dump(mode="json"), "content": content, "format": CACHE_FORMAT_VERSION})
+
+
+# ----- tokenizer ----------------------------------------------------------------------------------
+def _tokenizer(spec: DataSpec, resolved: dict[str, ResolvedSource], cache_root: Path) -> Path:
+    sources = {s.name: resolved[s.name].fingerprint for s in spec.sources}
+    out = cache_root / "tokenizers" / digest({"tokenizer": spec.tokenizer, "sources": sources})
+    if not spec.tokenizer.startswith("bpe:"):
+        return ensure_pretrained(spec.tokenizer, out)
+    texts = (
+        text
+        for s in spec.sources
+        for text in _sample_texts(resolved[s.name], s.text_column, int(BPE_SAMPLE_CHARS * s.weight))
+    )
+    return train_bpe(texts, int(spec.tokenizer[4:]), out)
+
+
+def _sample_texts(source: ResolvedSource, column: str, max_chars: int):
+    """The first documents of a source, in order, up to max_chars (plain pyarrow: no Ray needed)."""
+    dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
+    seen = 0
+    for batch in dataset.to_batches(columns=[column], batch_size=512):
+        for text in batch.column(0).to_pylist():
+            if text:
+                yield text
+                seen += len(text)
+                if seen >= max_chars:
+                    return
+
+
+# ----- tokenize, pack, place ----------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _fast_tokenizer(tokenizer_dir: str) -> Tokenizer:
+    # The bare Rust tokenizer: loads in milliseconds and avoids importing transformers in Ray workers.
+    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+
+
+def _tokenize(batch: pa.Table, tokenizer_dir: str, column: str) -> pa.Table:
+    """Ray Data task: a batch of documents in, their token lists out (same order)."""
+    texts = [t or "" for t in batch.column(column).to_pylist()]
+    encodings = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
+    return pa.table({"ids": pa.array([e.ids for e in encodings], type=pa.list_(pa.int32()))})
+
+
+def _token_stream(source: ResolvedSource, column: str, tokenizer_dir: Path):
+    """Yield lists of per-document token arrays, in document order."""
+    import ray
+    import ray.data
+
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    ds = ray.data.read_parquet(source.paths, filesystem=source.filesystem).select_columns([column])
+    ds = ds.map_batches(
+        _tokenize,
+        fn_args=(str(tokenizer_dir), column),
+        batch_format="pyarrow",
+        batch_size=TOKENIZE_BATCH_DOCS,
+    )
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        ids = batch.column("ids").combine_chunks()
+        offsets = ids.offsets.to_numpy()
+        values = ids.values.to_numpy(zero_copy_only=False)
+        yield [values[offsets[i] : offsets[i + 1]] for i in range(len(ids))]
+
+
+def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], tmp: Path) -> dict:
+    tokenizer = load_tokenizer(tmp / "tokenizer")
+    vocab = len(tokenizer)
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
+    weights = [s.weight for s in spec.sources]
+    train_counts = split_rows(spec.train_rows, weights)
+    val_counts = split_rows(spec.val_rows, weights)
+    # One seeded permutation places every source's rows through the training set.
+    slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
+    train = np.memmap(tmp / "train.bin", dtype=dtype, mode="w+", shape=(spec.train_rows, spec.seq_len))
+    val = np.memmap(tmp / "val.bin", dtype=dtype, mode="w+", shape=(spec.val_rows, spec.seq_len))
+    counts = np.zeros(vocab, dtype=np.int64)
+    per_source, train_at, val_at = {}, 0, 0
+    for source, n_train, n_val in zip(spec.sources, train_counts, val_counts, strict=True):
+        done = 0
+        chunks = _packed_rows(
+            resolved[source.name], source, tokenizer, tmp / "tokenizer", spec.seq_len, n_train + n_val
+        )
+        for rows in chunks:
+            # The first n_val rows of each source are held out; the rest go to their training slots.
+            n_held = max(0, min(done + len(rows), n_val) - done)
+            val[val_at + done : val_at + done + n_held] = rows[:n_held]
+            kept = rows[n_held:]
+            first = train_at + max(done, n_val) - n_val
+            train[slots[first : first + len(kept)]] = kept
+            counts += np.bincount(kept.ravel(), minlength=vocab)
+            done += len(rows)
+        per_source[source.name] = {"train_rows": n_train, "val_rows": n_val, "weight": source.weight}
+        train_at, val_at = train_at + n_train, val_at + n_val
+    train.flush()
+    val.flush()
+    # Bits per byte needs the bytes behind the scored tokens (positions 1..T-1 of each row).
+    texts = tokenizer.batch_decode(np.asarray(val[:, 1:]), skip_special_tokens=True)
+    np.save(tmp / "val_bytes.npy", np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64))
+    return {
+        "format": CACHE_FORMAT_VERSION,
+        "seq_len": spec.seq_len,
+        "vocab_size": vocab,
+        "eos_id": tokenizer.eos_token_id,
+        "dtype": np.dtype(dtype).name,
+        "train_rows": spec.train_rows,
+        "val_rows": spec.val_rows,
+        "train_tokens": spec.train_rows * spec.seq_len,
+        "sources": per_source,
+        "unigram_entropy_nats": unigram_entropy(counts),
+    }
+
+
+def _packed_rows(resolved: ResolvedSource, source, tokenizer, tokenizer_dir: Path, seq_len: int, need: int):
+    """Yield packed rows of one source, in order, exactly `need` rows in all."""
+    packer = Packer(seq_len, tokenizer.eos_token_id)
+    have = 0
+    for docs in _token_stream(resolved, source.text_column, tokenizer_dir):
+        rows = packer.add(docs)[: need - have]
+        have += len(rows)
+        yield rows
+        if have == need:
+            return
+    raise SourceTooSmall(
+        f"data source '{source.name}' ({source.uri}) holds {have * seq_len:,} tokens after packing, but its "
+        f"weight asks for {need * seq_len:,} (train + validation); lower data.token_budget, change its weight, "
+        "or add documents"
+    )

@@ -1,0 +1,130 @@
+"""Data sources: a registry of URI schemes that resolve to a list of parquet files and a filesystem.
+
+`embedded://edu` is rayb's own generated corpus (no hub needed); plain paths are local parquet files,
+directories or globs; `hf://`, `s3://` and `gs://` go through pyarrow / fsspec filesystems for users
+who can reach them. A new scheme plugs in with `@register_scheme("name")`.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pyarrow.fs as pafs
+
+from rayb.data import corpus
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    paths: list[str]
+    filesystem: pafs.FileSystem | None = None
+    # What identifies the content (file names and sizes); part of the data cache key.
+    fingerprint: list = field(default_factory=list)
+
+
+Resolver = Callable[[str, Path], ResolvedSource]
+_SCHEMES: dict[str, Resolver] = {}
+_REMOTE = ("hf", "s3", "gs")
+
+
+def register_scheme(name: str) -> Callable[[Resolver], Resolver]:
+    def wrap(fn: Resolver) -> Resolver:
+        _SCHEMES[name] = fn
+        return fn
+
+    return wrap
+
+
+def scheme_of(uri: str) -> str:
+    return urlparse(uri).scheme if "://" in uri else "file"
+
+
+def check_uri(uri: str) -> None:
+    """Cheap validation used by the study schema (no generation, no network)."""
+    scheme = scheme_of(uri)
+    if scheme not in _SCHEMES:
+        raise ValueError(
+            f"unknown data scheme '{scheme}://'; use one of {', '.join(sorted(_SCHEMES))}:// or a path"
+        )
+    if scheme == "embedded":
+        _embedded_args(uri)
+    elif scheme == "file" and not _local_files(uri):
+        raise ValueError(f"no parquet files at '{uri}' (give a .parquet file, a directory of them or a glob)")
+
+
+def resolve(uri: str, cache_root: Path) -> ResolvedSource:
+    return _SCHEMES[scheme_of(uri)](uri, cache_root)
+
+
+def _embedded_args(uri: str) -> tuple[str, int, int]:
+    parsed = urlparse(uri)
+    source = parsed.netloc
+    if source not in corpus.SOURCES:
+        raise ValueError(f"unknown embedded source '{source}'; available: {', '.join(corpus.SOURCES)}")
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    unknown = set(query) - {"docs", "seed"}
+    if unknown:
+        raise ValueError(
+            f"'{uri}': unknown option(s) {sorted(unknown)}; embedded sources take docs= and seed="
+        )
+    try:
+        docs, seed = int(query.get("docs", 5000)), int(query.get("seed", 0))
+    except ValueError:
+        raise ValueError(f"'{uri}': docs and seed must be whole numbers") from None
+    if docs < 1:
+        raise ValueError(f"'{uri}': docs must be at least 1")
+    return source, docs, seed
+
+
+@register_scheme("embedded")
+def _resolve_embedded(uri: str, cache_root: Path) -> ResolvedSource:
+    source, docs, seed = _embedded_args(uri)
+    out = cache_root / "corpus" / f"{source}-d{docs}-s{seed}-v{corpus.GENERATOR_VERSION}"
+    paths = [str(p) for p in corpus.write_corpus(out, source, n_docs=docs, seed=seed)]
+    return ResolvedSource(paths, None, [source, docs, seed, corpus.GENERATOR_VERSION])
+
+
+def _local_files(uri: str) -> list[str]:
+    path = Path(uri.removeprefix("file://")).expanduser()
+    if path.is_file():
+        return [str(path.resolve())]
+    if path.is_dir():
+        return sorted(str(p.resolve()) for p in path.rglob("*.parquet"))
+    return sorted(
+        str(Path(p).resolve()) for p in glob.glob(str(path), recursive=True) if p.endswith(".parquet")
+    )
+
+
+@register_scheme("file")
+def _resolve_local(uri: str, cache_root: Path) -> ResolvedSource:
+    paths = _local_files(uri)
+    if not paths:
+        raise FileNotFoundError(f"no parquet files at '{uri}'")
+    return ResolvedSource(paths, None, [(p, Path(p).stat().st_size) for p in paths])
+
+
+def _resolve_remote(uri: str, cache_root: Path) -> ResolvedSource:
+    """hf:// through huggingface_hub's fsspec filesystem; s3:// and gs:// through pyarrow's own."""
+    if uri.startswith("hf://"):
+        from huggingface_hub import HfFileSystem
+
+        fs_spec = HfFileSystem()
+        root = uri.removeprefix("hf://")
+        pattern = root if any(c in root for c in "*?[") else root.rstrip("/") + "/**/*.parquet"
+        paths = sorted(fs_spec.glob(pattern)) if not root.endswith(".parquet") else [root]
+        filesystem = pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec))
+    else:
+        filesystem, root = pafs.FileSystem.from_uri(uri)
+        infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+        paths = sorted(i.path for i in infos if i.path.endswith(".parquet")) or [root]
+    if not paths:
+        raise FileNotFoundError(f"no parquet files at '{uri}'")
+    return ResolvedSource(paths, filesystem, [uri, paths])
+
+
+for _scheme in _REMOTE:
+    register_scheme(_scheme)(_resolve_remote)
