@@ -1,0 +1,33 @@
+"""Connecting to Ray: a running cluster when RAY_ADDRESS is set, else a local instance rayb starts."""
+
+from __future__ import annotations
+
+import os
+
+# Logical CPUs per real core on a local instance. Train workers, Tune's trial actors, Ray Data read
+# tasks and eval actors each hold a CPU slot while mostly waiting on each other; with one slot per
+# core they deadlock on a small machine ("resources are not enough ... may hang forever").
+LOCAL_OVERSUBSCRIBE = 4
+
+
+def init_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
+    ray.init(num_cpus=LOCAL_OVERSUBSCRIBE * (os.cpu_count() or 1), include_dashboard=False)
+
+
+def compute_cores(use_gpu: bool) -> int:
+    """Real devices to share among trials: GPUs, or CPU cores (not the oversubscribed slots)."""
+    import ray
+
+    resources = ray.cluster_resources()
+    if use_gpu:
+        return int(resources.get("GPU", 0))
+    cpus = int(resources.get("CPU", 1))
+    return cpus // LOCAL_OVERSUBSCRIBE if not os.environ.get("RAY_ADDRESS") else cpus

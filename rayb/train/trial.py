@@ -1,0 +1,59 @@
+"""One trial: a (model, learning rate, seed) cell of a study, and where its outputs live."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TRAIN_DONE = "train_result.json"  # written last by the training loop: its presence means "trained"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    key: str
+    model: str  # label
+    arch: str
+    model_config: dict[str, Any]
+    lr: float
+    seed: int
+    train: dict[str, Any]  # TrainSpec as JSON
+    steps: int
+    cache_dir: str
+    trial_dir: str
+    storage_path: str  # Ray Train storage for DeepSpeed checkpoints
+    threads: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def run_name(self) -> str:
+        # Stable across relaunches, so Ray Train finds this trial's latest checkpoint and resumes it.
+        return f"{self.model}-{self.key}"
+
+    @property
+    def done(self) -> bool:
+        return (Path(self.trial_dir) / TRAIN_DONE).exists()
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=float))
+    os.replace(tmp, path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Read a trial's metrics log; a step logged twice (before and after a resume) keeps its last line."""
+    if not path.exists():
+        return []
+    latest: dict[tuple[str, int], dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash
+            continue
+        latest[(rec["kind"], rec["step"])] = rec
+    return sorted(latest.values(), key=lambda r: (r["step"], r["kind"]))
