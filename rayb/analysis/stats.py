@@ -1,0 +1,159 @@
+"""Seed-level statistics for architecture comparisons.
+
+Every number here is computed over *seeds*: one value per trained model run. Trials that blew up
+produce NaN/inf losses; those are dropped here (the report layer records them as excluded) so a
+single divergence cannot poison a mean.
+
+Significance is judged two ways on purpose. The headline rule, |Δmean| > 2·√(σ_ref² + σ_cand²), is
+deliberately conservative and easy to read off a table; Welch's t-test p-value is reported beside it
+for readers who prefer a classical test. Both come from the same seed values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import stats as sps
+
+if TYPE_CHECKING:  # pandas is only needed by callers of best_by; keep this module import-light.
+    import pandas as pd
+
+CI_LEVEL = 0.95
+"""Two-sided confidence level of Summary.ci_low/ci_high."""
+
+SIGMA_MULTIPLIER = 2.0
+"""k in the significance rule |Δmean| > k·√(σ_ref² + σ_cand²)."""
+
+OK_STATUS = "ok"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, sample std (ddof=1) and Student-t confidence interval of one metric over seeds."""
+
+    n: int
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate model against the reference on one metric (lower is better for losses)."""
+
+    reference: str
+    candidate: str
+    metric: str
+    delta: float
+    rel_delta: float
+    welch_t: float
+    p_value: float
+    significant: bool
+    rule: str
+
+
+def finite_values(values: Sequence[float]) -> np.ndarray:
+    """Values as a float array with NaN/inf removed (diverged seeds must not enter a mean)."""
+    arr = np.asarray(values, dtype=float).ravel()
+    return arr[np.isfinite(arr)]
+
+
+def _sample_std(arr: np.ndarray) -> float:
+    """Sample std with ddof=1; 0.0 for a single value, where spread is not estimable."""
+    return float(np.std(arr, ddof=1)) if arr.size > 1 else 0.0
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Summarise one metric over seeds; non-finite values are ignored.
+
+    Raises ValueError when no finite value is left, because a summary of nothing would silently
+    read as a result.
+    """
+    arr = finite_values(values)
+    if arr.size == 0:
+        raise ValueError("summarize() needs at least one finite value")
+    mean = float(arr.mean())
+    std = _sample_std(arr)
+    if arr.size == 1:
+        return Summary(n=1, mean=mean, std=0.0, ci_low=mean, ci_high=mean)
+    half_width = float(sps.t.ppf(0.5 + CI_LEVEL / 2, arr.size - 1)) * std / math.sqrt(arr.size)
+    return Summary(n=int(arr.size), mean=mean, std=std, ci_low=mean - half_width, ci_high=mean + half_width)
+
+
+def _welch(cand: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """Welch's t statistic and two-sided p-value; NaN when either side has fewer than two seeds."""
+    if cand.size < 2 or ref.size < 2:
+        return math.nan, math.nan
+    result = sps.ttest_ind(cand, ref, equal_var=False)
+    return float(result.statistic), float(result.pvalue)
+
+
+def _sigma_rule(delta: float, std_ref: float, std_cand: float, n_ref: int, n_cand: int) -> tuple[bool, str]:
+    """Apply |Δ| > k·√(σ₁²+σ₂²) and describe it with the numbers used.
+
+    With a single seed on either side the spread is unknown (its std is reported as 0), so the
+    rule would call any difference significant; we refuse to claim significance in that case.
+    """
+    threshold = SIGMA_MULTIPLIER * math.sqrt(std_ref**2 + std_cand**2)
+    k = f"{SIGMA_MULTIPLIER:g}"
+    if min(n_ref, n_cand) < 2:
+        return False, f"|Δ|={abs(delta):.3g}; rule {k}·√(σ₁²+σ₂²) needs ≥2 seeds per model"
+    significant = abs(delta) > threshold
+    op = ">" if significant else "≤"
+    return significant, f"|Δ|={abs(delta):.3g} {op} {k}·√(σ₁²+σ₂²)={threshold:.3g}"
+
+
+def compare(
+    reference: str,
+    ref_values: Sequence[float],
+    candidate: str,
+    cand_values: Sequence[float],
+    metric: str,
+) -> Comparison:
+    """Compare candidate against reference on one metric; delta = candidate mean − reference mean.
+
+    Non-finite values are dropped on both sides, exactly as in summarize(), so the Comparison and
+    the Summaries shown next to it are computed from the same seeds.
+    """
+    ref = finite_values(ref_values)
+    cand = finite_values(cand_values)
+    if ref.size == 0 or cand.size == 0:
+        raise ValueError(f"compare({metric}) needs at least one finite value on each side")
+    delta = float(cand.mean() - ref.mean())
+    ref_abs = abs(float(ref.mean()))
+    rel_delta = delta / ref_abs if ref_abs > 0 else math.nan
+    welch_t, p_value = _welch(cand, ref)
+    significant, rule = _sigma_rule(delta, _sample_std(ref), _sample_std(cand), ref.size, cand.size)
+    return Comparison(
+        reference=reference,
+        candidate=candidate,
+        metric=metric,
+        delta=delta,
+        rel_delta=rel_delta,
+        welch_t=welch_t,
+        p_value=p_value,
+        significant=significant,
+        rule=rule,
+    )
+
+
+def best_by(df: pd.DataFrame, group: str, within: str, metric: str) -> pd.DataFrame:
+    """Rows of each `group` at the `within` value with the lowest mean `metric` over its rows.
+
+    Used to compare every model at its own best learning rate, so an architecture is not penalised
+    for a learning-rate grid tuned to another. Only status == "ok" rows count, and non-finite metric
+    values are ignored in the means; a group with no finite value at all is dropped. Ties go to the
+    smallest `within` value so the choice is deterministic.
+    """
+    ok = df[df["status"] == OK_STATUS]
+    finite = ok[np.isfinite(ok[metric].astype(float))]
+    means = finite.groupby([group, within], sort=True)[metric].mean()
+    chosen = means.groupby(level=0, sort=False).idxmin()  # -> (group value, within value) per group
+    keep = set(chosen.tolist())
+    mask = [(g, w) in keep for g, w in zip(ok[group], ok[within], strict=True)]
+    return ok[mask]

@@ -1,0 +1,457 @@
+"""Turn a study's results table into a verdict, a markdown report, a JSON record and a loss plot.
+
+The verdict compares every model at its *own* best learning rate (lowest mean validation loss over
+seeds) against a named reference model. The same rows feed the CLI's rich table and the markdown
+table, so what is printed and what is written can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.table import Table
+
+from rayb.analysis.stats import (
+    OK_STATUS,
+    SIGMA_MULTIPLIER,
+    Comparison,
+    Summary,
+    best_by,
+    compare,
+    finite_values,
+    summarize,
+)
+
+SUMMARY_METRICS: tuple[str, ...] = ("val_loss", "val_ppl", "val_bpb")
+"""Metrics summarised per model (all lower-is-better)."""
+
+COMPARED_METRICS: tuple[str, ...] = ("val_loss", "val_bpb")
+"""Metrics on which each model is compared with the reference (ppl is exp(loss), so redundant)."""
+
+SELECTION_METRIC = "val_loss"
+"""Metric that picks each model's best learning rate and decides who "beats" the reference."""
+
+WELCH_ALPHA = 0.05
+"""Level at which the report calls a Welch p-value small."""
+
+TABLE_COLUMNS: tuple[str, ...] = (
+    "model",
+    "arch",
+    "params",
+    "lr",
+    "seeds",
+    "val loss mean ± std [95% CI]",
+    "ppl",
+    "bpb",
+    "Δ val loss vs ref",
+    "p (Welch)",
+    "significant?",
+)
+
+REPORT_NAME = "report.md"
+JSON_NAME = "results.json"
+PLOT_NAME = "loss_curves.png"
+
+
+@dataclass
+class ModelRow:
+    """One model at its best learning rate, summarised over its seeds."""
+
+    model: str
+    arch: str
+    lr: float
+    params_total: int
+    n_seeds: int
+    summaries: dict[str, Summary]
+
+
+@dataclass
+class Verdict:
+    """Everything the report says: per-model summaries, comparisons to the reference, exclusions."""
+
+    study: str
+    reference: str
+    metrics: tuple[str, ...]
+    rows: list[ModelRow]
+    comparisons: list[Comparison]
+    excluded: list[dict] = field(default_factory=list)
+
+    def comparison(self, candidate: str, metric: str) -> Comparison | None:
+        """The comparison of `candidate` with the reference on `metric`, if there is one."""
+        for comp in self.comparisons:
+            if comp.candidate == candidate and comp.metric == metric:
+                return comp
+        return None
+
+
+# --------------------------------------------------------------------------------------------- verdict
+
+
+def _excluded_trials(df: pd.DataFrame) -> list[dict]:
+    """Trials that did not finish "ok" (any learning rate): they never enter a mean."""
+    bad = df[df["status"] != OK_STATUS]
+    return [
+        {"model": str(r.model), "seed": int(r.seed), "lr": float(r.lr), "status": str(r.status)}
+        for r in bad.itertuples(index=False)
+    ]
+
+
+def _non_finite_trials(best: pd.DataFrame) -> list[dict]:
+    """Status-"ok" trials whose summarised metrics are NaN/inf: summarize() drops them, so record them here."""
+    out = []
+    for r in best.itertuples(index=False):
+        bad = [m for m in SUMMARY_METRICS if not math.isfinite(float(getattr(r, m)))]
+        if bad:
+            status = "non-finite " + ", ".join(bad)
+            out.append({"model": str(r.model), "seed": int(r.seed), "lr": float(r.lr), "status": status})
+    return out
+
+
+def _model_row(model: str, rows: pd.DataFrame) -> ModelRow:
+    """Summarise one model's best-lr seeds."""
+    first = rows.iloc[0]
+    return ModelRow(
+        model=model,
+        arch=str(first["arch"]),
+        lr=float(first["lr"]),
+        params_total=int(rows["params_total"].max()),
+        n_seeds=len(rows),
+        summaries={
+            m: summarize(rows[m].to_numpy(dtype=float))
+            for m in SUMMARY_METRICS
+            if finite_values(rows[m].to_numpy(dtype=float)).size  # e.g. ppl can overflow to inf
+        },
+    )
+
+
+def _compare_all(by_model: dict[str, pd.DataFrame], reference: str, models: list[str]) -> list[Comparison]:
+    """Every non-reference model vs the reference on COMPARED_METRICS (skipping all-NaN metrics)."""
+    ref_rows = by_model[reference]
+    out = []
+    for model in models:
+        if model == reference:
+            continue
+        for metric in COMPARED_METRICS:
+            ref_vals, cand_vals = ref_rows[metric].to_numpy(float), by_model[model][metric].to_numpy(float)
+            if finite_values(ref_vals).size and finite_values(cand_vals).size:
+                out.append(compare(reference, ref_vals, model, cand_vals, metric))
+    return out
+
+
+def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
+    """Compare every model, each at its own best learning rate, against `reference`.
+
+    Rows are ordered reference first, then by mean validation loss, so the table reads best-first.
+    Raises ValueError if the reference is absent or has no usable trial, since every comparison
+    would then be meaningless.
+    """
+    if reference not in set(df["model"]):
+        raise ValueError(f"reference model {reference!r} not in results (have {sorted(set(df['model']))})")
+    best = best_by(df, "model", "lr", SELECTION_METRIC)
+    by_model = {str(m): g for m, g in best.groupby("model", sort=False)}
+    if reference not in by_model:
+        raise ValueError(
+            f"reference model {reference!r} has no finished trial with a finite {SELECTION_METRIC}"
+        )
+
+    rows = [_model_row(m, g) for m, g in by_model.items()]
+    rows.sort(key=lambda r: (r.model != reference, r.summaries[SELECTION_METRIC].mean))
+    comparisons = _compare_all(by_model, reference, [r.model for r in rows])
+    return Verdict(
+        study=study_name,
+        reference=reference,
+        metrics=SUMMARY_METRICS,
+        rows=rows,
+        comparisons=comparisons,
+        excluded=_excluded_trials(df) + _non_finite_trials(best),
+    )
+
+
+# --------------------------------------------------------------------------------------------- formatting
+
+
+def _fmt_params(n: int) -> str:
+    """Parameter count in human units (12.3M), as papers quote them."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _fmt_float(x: float, spec: str) -> str:
+    """Format a float, showing non-finite values as a dash rather than 'nan'."""
+    return format(x, spec) if math.isfinite(x) else "—"
+
+
+def _fmt_summary(s: Summary) -> str:
+    """mean ± std [ci_low, ci_high]."""
+    return f"{s.mean:.4f} ± {s.std:.4f} [{s.ci_low:.4f}, {s.ci_high:.4f}]"
+
+
+def _fmt_mean(s: Summary | None, spec: str) -> str:
+    """Mean of a summary, or a dash when the metric had no finite value."""
+    return "—" if s is None else format(s.mean, spec)
+
+
+def _fmt_delta(comp: Comparison | None) -> str:
+    """Signed delta with its relative size; "ref" marks the reference row."""
+    if comp is None:
+        return "—"
+    return f"{comp.delta:+.4f} ({_fmt_float(100 * comp.rel_delta, '+.2f')}%)"
+
+
+def _table_rows(verdict: Verdict) -> list[list[str]]:
+    """Cell strings of the comparison table, shared by the rich and markdown renderings."""
+    out = []
+    for row in verdict.rows:
+        is_ref = row.model == verdict.reference
+        comp = None if is_ref else verdict.comparison(row.model, SELECTION_METRIC)
+        s = row.summaries
+        out.append(
+            [
+                row.model + (" (ref)" if is_ref else ""),
+                row.arch,
+                _fmt_params(row.params_total),
+                f"{row.lr:.3g}",
+                str(row.n_seeds),
+                _fmt_summary(s["val_loss"]),
+                _fmt_mean(s.get("val_ppl"), ".2f"),
+                _fmt_mean(s.get("val_bpb"), ".4f"),
+                "ref" if is_ref else _fmt_delta(comp),
+                "—" if comp is None else _fmt_float(comp.p_value, ".3g"),
+                "—" if comp is None else ("yes" if comp.significant else "no"),
+            ]
+        )
+    return out
+
+
+def format_table(verdict: Verdict) -> Table:
+    """The comparison table the CLI prints (same cells as the markdown report)."""
+    table = Table(title=f"{verdict.study}: each model at its best lr, vs {verdict.reference}")
+    for col in TABLE_COLUMNS:
+        numeric = col not in ("model", "arch", "significant?")
+        table.add_column(col, justify="right" if numeric else "left")
+    for cells in _table_rows(verdict):
+        table.add_row(*cells)
+    return table
+
+
+def _markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table ('|' in cells escaped)."""
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *(line(r) for r in rows)])
+
+
+def _comparison_sentence(verdict: Verdict, comp: Comparison) -> str:
+    """One sentence on a candidate vs the reference on the selection metric."""
+    verb = "beats" if comp.delta < 0 else ("is worse than" if comp.delta > 0 else "ties")
+    rule = "the difference is " + ("significant" if comp.significant else "not significant")
+    if math.isfinite(comp.p_value):
+        side = "<" if comp.p_value < WELCH_ALPHA else "≥"
+        welch = f"Welch p = {comp.p_value:.3g} ({side} {WELCH_ALPHA:g})"
+    else:
+        welch = "Welch p not available (fewer than 2 seeds)"
+    return (
+        f"**{comp.candidate}** {verb} **{verdict.reference}** on validation loss: "
+        f"Δ = {comp.delta:+.4f} nats/token ({_fmt_float(100 * comp.rel_delta, '+.2f')}%), "
+        f"{rule} under the rule ({comp.rule}); {welch}."
+    )
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """The "Verdict" paragraph, generated from the comparisons on validation loss."""
+    comps = [c for c in verdict.comparisons if c.metric == SELECTION_METRIC]
+    winners = [c for c in comps if c.delta < 0]
+    sig_winners = [c.candidate for c in winners if c.significant]
+    if not comps:
+        headline = f"No model could be compared with the reference **{verdict.reference}**."
+    elif not winners:
+        headline = f"No model beats the reference **{verdict.reference}** on validation loss."
+    elif sig_winners:
+        headline = (
+            f"Significant improvement over **{verdict.reference}**: "
+            + ", ".join(f"**{m}**" for m in sig_winners)
+            + "."
+        )
+    else:
+        headline = (
+            f"{len(winners)} model(s) have lower mean validation loss than **{verdict.reference}**, "
+            "but none clears the significance rule."
+        )
+    lines = [
+        headline,
+        "",
+        "Each model is evaluated at its own best learning rate (lowest mean validation loss over seeds). "
+        f"A difference counts as significant when |Δmean| > {SIGMA_MULTIPLIER:g}·√(σ_ref² + σ_cand²) over seeds; "
+        "Welch's t-test p-value is reported alongside.",
+        "",
+    ]
+    lines += [f"- {_comparison_sentence(verdict, c)}" for c in comps]
+    return "\n".join(lines)
+
+
+def _entropy_text(verdict: Verdict, unigram_entropy_nats: float) -> str:
+    """Compare every model with the unigram-entropy floor a context-free model would reach."""
+    above = [r.model for r in verdict.rows if r.summaries["val_loss"].mean >= unigram_entropy_nats]
+    status = (
+        "every model is below it, i.e. uses context."
+        if not above
+        else "not below it (no better than unigram frequencies): " + ", ".join(above) + "."
+    )
+    return f"Unigram entropy of the training tokens (the loss of a context-free model): {unigram_entropy_nats:.4f} nats/token; {status}"
+
+
+def render_markdown(verdict: Verdict, unigram_entropy_nats: float | None = None) -> str:
+    """The full report.md text."""
+    parts = [
+        f"# Study report: {verdict.study}",
+        "",
+        "## Verdict",
+        "",
+        verdict_text(verdict),
+        "",
+        "## Comparison",
+        "",
+        _markdown_table(TABLE_COLUMNS, _table_rows(verdict)),
+        "",
+    ]
+    if unigram_entropy_nats is not None:
+        parts += [_entropy_text(verdict, unigram_entropy_nats), ""]
+    if verdict.excluded:
+        rows = [[e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"]] for e in verdict.excluded]
+        parts += ["## Excluded trials", "", _markdown_table(("model", "lr", "seed", "status"), rows), ""]
+    parts += ["## Loss curves", "", f"![loss curves]({PLOT_NAME})", ""]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------- json
+
+
+def _json_safe(obj: Any) -> Any:
+    """Replace NaN/inf by None and numpy scalars by Python ones: strict JSON has no NaN."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def verdict_to_dict(verdict: Verdict, unigram_entropy_nats: float | None = None) -> dict:
+    """The verdict as plain JSON-ready data (rows with summaries, comparisons, excluded)."""
+    data = dataclasses.asdict(verdict)
+    data["unigram_entropy_nats"] = unigram_entropy_nats
+    return _json_safe(data)
+
+
+# --------------------------------------------------------------------------------------------- plot
+
+
+def _as_list(value: Any) -> list:
+    """A curve cell as a list; missing curves (None/NaN from failed trials) become empty."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return list(value)
+
+
+def _aligned(steps_per_seed: list[list], values_per_seed: list[list]) -> pd.DataFrame:
+    """Mean/min/max across seeds per step.
+
+    Uses the steps logged by every seed, so the mean is never taken over a changing set of seeds;
+    falls back to all steps if the seeds share none.
+    """
+    series = [
+        pd.Series(np.asarray(v, dtype=float), index=np.asarray(s, dtype=int)).groupby(level=0).last()
+        for s, v in zip(steps_per_seed, values_per_seed, strict=True)
+        if len(s) and len(s) == len(v)
+    ]
+    if not series:
+        return pd.DataFrame(columns=["mean", "min", "max"])
+    wide = pd.concat(series, axis=1).sort_index()
+    common = wide.dropna()
+    wide = common if len(common) else wide
+    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1), "max": wide.max(axis=1)})
+
+
+def _curve(seeds: pd.DataFrame, step_col: str, value_col: str) -> pd.DataFrame:
+    """Seed-aligned mean/min/max of one curve column pair."""
+    return _aligned([_as_list(x) for x in seeds[step_col]], [_as_list(x) for x in seeds[value_col]])
+
+
+def _plot_model(ax: Any, seeds: pd.DataFrame, label: str, color: str) -> None:
+    """Mean train curve with a min–max band across seeds, plus mean validation points."""
+    train = _curve(seeds, "curve_step", "curve_train_loss")
+    if len(train):
+        ax.plot(train.index, train["mean"], color=color, label=f"{label} train")
+        ax.fill_between(train.index, train["min"], train["max"], color=color, alpha=0.2, linewidth=0)
+    val = _curve(seeds, "curve_val_step", "curve_val_loss")
+    if len(val):
+        ax.plot(val.index, val["mean"], color=color, marker="o", linestyle="none", label=f"{label} val")
+
+
+def _plot_png(verdict: Verdict, df: pd.DataFrame, unigram_entropy_nats: float | None) -> bytes:
+    """Render the loss-curve figure to PNG bytes with the Agg canvas (no pyplot global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, row in enumerate(verdict.rows):
+        seeds = df[(df["model"] == row.model) & (df["lr"] == row.lr) & (df["status"] == OK_STATUS)]
+        _plot_model(ax, seeds, f"{row.model} (lr={row.lr:.3g})", f"C{i}")
+    if unigram_entropy_nats is not None:
+        ax.axhline(unigram_entropy_nats, color="gray", linestyle="--", label="unigram entropy")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(f"{verdict.study}: mean over seeds at best lr (band = min–max)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def _atomic_write(path: Path, data: bytes) -> Path:
+    """Write via a temp file in the same directory + os.replace, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_report(
+    verdict: Verdict,
+    df: pd.DataFrame,
+    out_dir: Path,
+    unigram_entropy_nats: float | None = None,
+) -> dict[str, Path]:
+    """Write report.md, results.json and loss_curves.png into out_dir; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot = _atomic_write(out_dir / PLOT_NAME, _plot_png(verdict, df, unigram_entropy_nats))
+    payload = json.dumps(verdict_to_dict(verdict, unigram_entropy_nats), indent=2, allow_nan=False)
+    js = _atomic_write(out_dir / JSON_NAME, (payload + "\n").encode())
+    report = _atomic_write(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats).encode())
+    return {"report": report, "json": js, "plot": plot}
