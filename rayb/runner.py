@@ -1,0 +1,139 @@
+"""A study, end to end: data → trials (Tune + Train + DeepSpeed) → eval actors → results → verdict.
+
+Every step reads and writes hash-keyed paths under the output directory:
+    cache/data/<data key>/            packed tokens + tokenizer (shared by studies with equal data)
+    trials/<model>-<trial key>/       metrics.jsonl, train_result.json, model/, eval_lm.json
+    studies/<name>-<study hash>/      results.parquet, results.json, report.md, loss_curves.png
+so a rerun (after a crash, or with one more model or seed) does only the work that is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rayb.data.cache import TokenCache
+from rayb.eval.actors import EVAL_LM_FILE
+from rayb.study import Study
+from rayb.train.loop import METRICS
+from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
+
+
+@dataclass
+class StudyOutcome:
+    study_dir: Path
+    table: pd.DataFrame
+    verdict: Any
+    files: dict[str, Path]
+    trained: int  # trials trained (or resumed) by this run
+    evaluated: int
+    wall_s: float
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def plan_trials(study: Study, cache: TokenCache, out: Path, cores: int) -> list[TrialSpec]:
+    n_trials = len(study.models) * len(study.train.lr) * len(study.seeds)
+    threads = max(1, cores // (concurrency(study, n_trials, cores) * study.train.num_workers))
+    trials = []
+    for model in study.models:
+        for lr in study.train.lr:
+            for seed in study.seeds:
+                key = study.trial_key(model, lr, seed, cache.manifest["key"])
+                trials.append(
+                    TrialSpec(
+                        key=key, model=model.label, arch=model.arch, model_config=model.config, lr=lr, seed=seed,
+                        train=study.train.model_dump(mode="json") | {"precision": study.train.dtype},
+                        steps=study.steps, cache_dir=str(cache.path), trial_dir=str(out / "trials" / f"{model.label}-{key}"),
+                        storage_path=str(out / "ray" / "train"), threads=threads,
+                    )
+                )  # fmt: skip
+    return trials
+
+
+def concurrency(study: Study, n_trials: int, cores: int) -> int:
+    if study.train.max_concurrent_trials:
+        return study.train.max_concurrent_trials
+    return max(1, min(n_trials, cores // study.train.num_workers))
+
+
+def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutcome:
+    from rayb import runtime
+    from rayb.data.pipeline import prepare_data
+    from rayb.eval.actors import evaluate_trials
+    from rayb.report.study_report import build_verdict, write_report
+    from rayb.tune.sweep import run_trials
+
+    began = time.perf_counter()
+    out = Path(output or study.output_dir).resolve()
+    study_dir = out / "studies" / f"{study.name}-{study.fingerprint()}"
+    study_dir.mkdir(parents=True, exist_ok=True)
+    (study_dir / "study.json").write_text(json.dumps(study.model_dump(mode="json"), indent=2))
+
+    runtime.init_ray()
+    cores = runtime.compute_cores(study.train.use_gpu)
+    log("preparing data (tokenize, pack, mix) ...")
+    cache = prepare_data(study.data, out / "cache")
+    trials = plan_trials(study, cache, out, cores)
+    pending = [t for t in trials if not t.done]
+    log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
+    errors = (
+        run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores)) if pending else {}
+    )
+
+    trained = [t for t in trials if t.done and _json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+    unevaluated = [t for t in trained if not (Path(t.trial_dir) / EVAL_LM_FILE).exists()]
+    log(f"evaluating {len(unevaluated)} checkpoints on eval actors ...")
+    errors |= evaluate_trials(unevaluated, num_actors=max(1, cores))
+
+    table = results_table(study, trials, errors)
+    table.to_parquet(study_dir / "results.parquet", index=False)
+    verdict = build_verdict(table, study.name, study.reference)
+    files = write_report(
+        verdict, table, study_dir, unigram_entropy_nats=cache.manifest["unigram_entropy_nats"]
+    )
+    files["table"] = study_dir / "results.parquet"
+    return StudyOutcome(
+        study_dir, table, verdict, files, len(pending), len(unevaluated), time.perf_counter() - began, errors
+    )
+
+
+def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -> pd.DataFrame:
+    """One row per trial, built from the trials' own files (so it can be rebuilt at any time)."""
+    return pd.DataFrame([_row(study, t, errors.get(t.key)) for t in trials])
+
+
+def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
+    trial_dir = Path(trial.trial_dir)
+    train = _json(trial_dir / TRAIN_DONE)
+    evaluation = _json(trial_dir / EVAL_LM_FILE)
+    metrics = read_metrics(trial_dir / METRICS)
+    curve = [r for r in metrics if r["kind"] == "train"]
+    val_curve = [r for r in metrics if r["kind"] == "val"]
+    status = train.get("status", "error")
+    if status == "ok" and not evaluation:
+        status = "error"
+    nan = math.nan
+    return {
+        "study": study.name, "model": trial.model, "arch": trial.arch, "lr": trial.lr, "seed": trial.seed,
+        "trial_key": trial.key, "status": status, "error": error or "",
+        "params_total": train.get("params_total", 0), "params_non_embedding": train.get("params_non_embedding", 0),
+        "train_tokens": train.get("train_tokens", 0), "steps": train.get("steps", 0),
+        "final_train_loss": train.get("final_train_loss", nan),
+        "val_loss": evaluation.get("val_loss", nan), "val_ppl": evaluation.get("val_ppl", nan),
+        "val_bpb": evaluation.get("val_bpb", nan),
+        "wall_s": train.get("wall_s", nan), "tokens_per_s": train.get("tokens_per_s", nan),
+        "checkpoint": str(trial_dir / "model"),
+        "config": json.dumps({"model": trial.model_config, "train": trial.train, "steps": trial.steps}),
+        "curve_step": [r["step"] for r in curve], "curve_train_loss": [r["loss"] for r in curve],
+        "curve_val_step": [r["step"] for r in val_curve], "curve_val_loss": [r["val_loss"] for r in val_curve],
+    }  # fmt: skip
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
