@@ -180,11 +180,8 @@ def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
 
 
 def _fmt_params(n: int) -> str:
-    """Parameter count in human units (12.3M), as papers quote them."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return str(n)
+    """Exact parameter count: matched-size claims are checked to the last parameter."""
+    return f"{n:,}"
 
 
 def _fmt_float(x: float, spec: str) -> str:
