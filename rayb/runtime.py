@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Logical CPUs per real core on a local instance. Train workers, Tune's trial actors, Ray Data read
 # tasks and eval actors each hold a CPU slot while mostly waiting on each other; with one slot per
@@ -19,7 +20,19 @@ def init_ray() -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
-    ray.init(num_cpus=LOCAL_OVERSUBSCRIBE * (os.cpu_count() or 1), include_dashboard=False)
+    ray.init(
+        num_cpus=LOCAL_OVERSUBSCRIBE * (os.cpu_count() or 1),
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": driver_import_path()}},
+    )
+
+
+def driver_import_path() -> str:
+    """The driver's import path, for local workers: a user's model named by import path
+    (`arch: my_model:build`, found in the current directory) must import in Train workers and eval
+    actors as it did when the study was validated. (On a cluster, `ray job submit --working-dir`
+    ships that code instead.)"""
+    return os.pathsep.join(dict.fromkeys(p for p in [os.getcwd(), *sys.path] if p))
 
 
 def compute_cores(use_gpu: bool) -> int:

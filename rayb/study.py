@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -88,7 +89,9 @@ class DataSpec(_Strict):
 
 class ModelSpec(_Strict):
     arch: str = Field(description="a registered architecture name or an import path 'pkg.module:build'")
-    name: str | None = Field(default=None, description="label in reports; defaults to the arch name")
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.-]+$", description="label in reports; defaults to the arch name"
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="architecture keyword arguments")
 
     @field_validator("arch")
@@ -101,7 +104,8 @@ class ModelSpec(_Strict):
 
     @property
     def label(self) -> str:
-        return self.name or self.arch
+        # Labels name trial directories, so an import path's ':' becomes '.'.
+        return self.name or self.arch.replace(":", ".")
 
 
 class TrainSpec(_Strict):
@@ -137,6 +141,8 @@ class TrainSpec(_Strict):
     def _lr_positive(cls, value: list[float]) -> list[float]:
         if any(not 0 < lr < 1 for lr in value):
             raise ValueError(f"learning rates must be in (0, 1), got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"learning rates must be distinct, got {value}")
         return value
 
     @model_validator(mode="after")
@@ -198,6 +204,12 @@ class Study(_Strict):
             raise ValueError(f"unknown eval suite(s) {unknown}; available: {', '.join(EVAL_SUITES)}")
         return value
 
+    @field_validator("output_dir")
+    @classmethod
+    def _local_output(cls, value: str) -> str:
+        check_output_dir(value)
+        return value
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Study:
         labels = [m.label for m in self.models]
@@ -235,6 +247,15 @@ class Study(_Strict):
         )
 
 
+def check_output_dir(path: str) -> None:
+    # Also catches 's3:/bucket', which is what pathlib makes of 's3://bucket'.
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", str(path)):
+        raise ValueError(
+            f"'{path}': the output must be a filesystem path that every node shares (e.g. an NFS/EFS mount "
+            "such as /mnt/rayb/out); object-store URLs are not supported as output yet"
+        )
+
+
 def digest(value: Any, length: int = 12) -> str:
     """A short, stable hash of a JSON-able value (key order does not matter)."""
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
@@ -247,9 +268,9 @@ def load_study(path: str | Path) -> Study:
     if not path.is_file():
         raise StudyError(f"{path}: no such study file")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: not valid YAML: {exc}") from exc
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise StudyError(f"{path}: not valid UTF-8 YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: a study file is a YAML mapping with at least name, data and models")
     return parse_study(raw, source=str(path))

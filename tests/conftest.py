@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,22 @@ def tiny_study_dict(**overrides) -> dict:
     for key, value in overrides.items():
         study[key] = value
     return study
+
+
+def registered_checkpoint_step(run_dir: Path) -> int:
+    """The step of the latest checkpoint Ray Train has registered for a run (0 if none yet).
+    A reported checkpoint counts for resumption only once the controller has recorded it here."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    if not snapshot.exists():
+        return 0
+    latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") or {}
+    return latest.get("metrics", {}).get("step", 0)
+
+
+def restart_points(metrics_log: Path) -> list[int]:
+    """Steps at which a run's raw (undeduplicated) log starts over: where it resumed after a failure."""
+    steps = [json.loads(line)["step"] for line in metrics_log.read_text().splitlines() if '"train"' in line]
+    return [b for a, b in zip(steps, steps[1:], strict=False) if b <= a]
 
 
 @pytest.fixture(scope="session")

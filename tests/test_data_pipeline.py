@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_study_dict
 
-from rayb.data.pipeline import SourceTooSmall, prepare_data
+from rayb.data.pipeline import BadShard, SourceTooSmall, prepare_data
 from rayb.data.tokenizer import load_tokenizer
 from rayb.study import parse_study
 
@@ -75,3 +75,20 @@ def test_local_parquet_source_and_too_small_source(ray_session, tmp_path):
     raw["data"]["token_budget"] = 32 * 8 * 400
     with pytest.raises(SourceTooSmall, match=r"data source 'mine' .* holds [\d,]+ tokens"):
         prepare_data(parse_study(raw).data, tmp_path / "out")
+
+
+def test_corrupt_shard_and_missing_column_are_named(ray_session, tmp_path):
+    good = tmp_path / "src" / "part-0.parquet"
+    good.parent.mkdir()
+    pq.write_table(pa.table({"text": ["some text"] * 10}), good)
+    bad = tmp_path / "src" / "part-1.parquet"
+    bad.write_bytes(b"this is not parquet")
+    raw = tiny_study_dict()
+    raw["data"]["sources"] = [{"name": "mine", "uri": str(good.parent), "weight": 1.0}]
+    with pytest.raises(BadShard, match=r"cannot read parquet shard .*part-1\.parquet"):
+        prepare_data(parse_study(raw).data, tmp_path / "out")
+    bad.unlink()
+    raw["data"]["sources"][0]["text_column"] = "body"
+    with pytest.raises(BadShard, match=r"part-0\.parquet has no text column 'body'; its columns: \['text'\]"):
+        prepare_data(parse_study(raw).data, tmp_path / "out")
+    assert not (tmp_path / "out" / "data").exists()  # nothing half-written

@@ -63,6 +63,11 @@ def _broken(path: tuple, value):
         (("eval",), ["lm", "vibes"], "unknown eval suite(s) ['vibes']"),
         (("verdict",), {"reference": "gpt3"}, "verdict.reference 'gpt3' is not a model label"),
         (("trian",), {}, "trian: unknown field; remove it or check its spelling"),
+        (
+            ("output_dir",),
+            "s3://bucket/out",
+            "output_dir: 's3://bucket/out': the output must be a filesystem path",
+        ),
     ],
 )
 def test_invalid_fields_are_named(path, value, expected):
@@ -130,5 +135,5 @@ def test_unreadable_files(tmp_path):
         load_study(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed")
-    with pytest.raises(StudyError, match="not valid YAML"):
+    with pytest.raises(StudyError, match="not valid UTF-8 YAML"):
         load_study(broken)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
-from conftest import tiny_study_dict
+from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
 
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
@@ -76,3 +81,40 @@ def test_one_and_two_workers_train_the_same_model(runs):
     one = [r["loss"] for r in read_metrics(runs[("gpt2", 1)][1] / METRICS) if r["kind"] == "train"]
     two = [r["loss"] for r in read_metrics(runs[("gpt2", 2)][1] / METRICS) if r["kind"] == "train"]
     np.testing.assert_allclose(one, two, rtol=2e-3)
+
+
+def _train_workers() -> list[psutil.Process]:
+    return [
+        p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
+    ]
+
+
+def test_killed_worker_resumes_to_the_identical_result(runs, tiny_cache, tmp_path):
+    """SIGKILL a training worker mid-run: Ray Train restarts it from the last checkpoint (weights, optimizer,
+    schedule, data position, RNG) and the run ends exactly where the uninterrupted one did."""
+    kill_at = random.randint(9, 20)  # once a checkpoint (step 8 or 16) is registered
+    study, reference_dir = runs[("gpt2", 1)]
+    trial = next(t for t in plan_trials(study, tiny_cache, tmp_path, cores=2) if t.arch == "gpt2")
+    thread = threading.Thread(target=fit_trial, args=(trial,))
+    thread.start()
+    log = Path(trial.trial_dir) / METRICS
+    deadline = time.time() + 300
+    run_dir = Path(trial.storage_path) / trial.run_name
+    while not (
+        log.exists() and read_metrics(log)[-1:] and read_metrics(log)[-1]["step"] >= kill_at
+        and registered_checkpoint_step(run_dir)
+    ):  # fmt: skip
+        assert time.time() < deadline and thread.is_alive(), "training never reached the kill step"
+        time.sleep(0.05)
+    victims = _train_workers()
+    assert victims, "no Ray Train worker process found"
+    for process in victims:
+        process.send_signal(signal.SIGKILL)
+    thread.join(timeout=300)
+
+    (restart,) = restart_points(log)
+    assert restart in (9, 17), f"killed at step {kill_at}, resumed at {restart}"
+    resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
+    reference = [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+    assert resumed == reference, f"killed at step {kill_at}"
+    assert json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())["status"] == "ok"

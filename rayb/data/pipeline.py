@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
@@ -38,6 +39,10 @@ class SourceTooSmall(ValueError):
     pass
 
 
+class BadShard(ValueError):
+    pass
+
+
 def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
     """Build (or reuse) the packed-token cache for a data spec; return it."""
     cache_root = Path(cache_root).resolve()
@@ -48,6 +53,8 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
         return TokenCache(out)
 
     started = time.perf_counter()
+    for source in spec.sources:
+        check_shards(resolved[source.name], source.text_column)
     tokenizer_dir = _tokenizer(spec, resolved, cache_root)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{key}-"))
@@ -67,6 +74,18 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
 def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:
     content = {name: r.fingerprint for name, r in resolved.items()}
     return digest({"spec": spec.model_dump(mode="json"), "content": content, "format": CACHE_FORMAT_VERSION})
+
+
+def check_shards(source: ResolvedSource, column: str) -> None:
+    """Read every shard's footer up front: a corrupt file or a missing column fails here, by name,
+    instead of as a remote task error halfway through tokenizing."""
+    for path in source.paths:
+        try:
+            schema = pq.ParquetFile(path, filesystem=source.filesystem).schema_arrow
+        except (OSError, pa.ArrowException) as exc:
+            raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
+        if column not in schema.names:
+            raise BadShard(f"parquet shard {path} has no text column '{column}'; its columns: {schema.names}")
 
 
 # ----- tokenizer ----------------------------------------------------------------------------------

@@ -40,15 +40,17 @@ def register_scheme(name: str) -> Callable[[Resolver], Resolver]:
 
 
 def scheme_of(uri: str) -> str:
-    return urlparse(uri).scheme if "://" in uri else "file"
+    return uri.split("://", 1)[0] if "://" in uri else "file"
 
 
 def check_uri(uri: str) -> None:
     """Cheap validation used by the study schema (no generation, no network)."""
     scheme = scheme_of(uri)
+    if scheme.lower() in _SCHEMES and scheme not in _SCHEMES:
+        raise ValueError(f"write the scheme of '{uri}' in lower case: {scheme.lower()}://")
     if scheme not in _SCHEMES:
         raise ValueError(
-            f"unknown data scheme '{scheme}://'; use one of {', '.join(sorted(_SCHEMES))}:// or a path"
+            f"unknown data scheme '{scheme.lower()}://'; use one of {', '.join(sorted(_SCHEMES))}:// or a path"
         )
     if scheme == "embedded":
         _embedded_args(uri)
@@ -89,14 +91,17 @@ def _resolve_embedded(uri: str, cache_root: Path) -> ResolvedSource:
 
 
 def _local_files(uri: str) -> list[str]:
-    path = Path(uri.removeprefix("file://")).expanduser()
-    if path.is_file():
-        return [str(path.resolve())]
-    if path.is_dir():
-        return sorted(str(p.resolve()) for p in path.rglob("*.parquet"))
-    return sorted(
-        str(Path(p).resolve()) for p in glob.glob(str(path), recursive=True) if p.endswith(".parquet")
-    )
+    """Parquet files at a local file, directory or glob; [] when there are none or the path is unusable."""
+    try:
+        path = Path(uri.removeprefix("file://")).expanduser()
+        if path.is_file():
+            return [str(path.resolve())] if path.suffix == ".parquet" else []
+        if path.is_dir():
+            return sorted(str(p.resolve()) for p in path.rglob("*.parquet"))
+        matches = glob.glob(str(path), recursive=True)
+    except (OSError, RuntimeError):  # a name too long, '~user' of an unknown user, ...
+        return []
+    return sorted(str(Path(p).resolve()) for p in matches if p.endswith(".parquet"))
 
 
 @register_scheme("file")

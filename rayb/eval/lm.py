@@ -50,7 +50,7 @@ def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_
     if (model_dir / "config.json").exists():
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(model_dir)
+        return AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)  # never unpickle
     from safetensors.torch import load_model
 
     from rayb.models import build_model

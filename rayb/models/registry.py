@@ -39,8 +39,8 @@ def get_builder(arch: str) -> Builder:
         module_name, _, attr = arch.partition(":")
         try:
             builder = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import '{arch}': {exc}") from None
+        except Exception as exc:  # ImportError, AttributeError, TypeError (relative), errors in the module
+            raise ValueError(f"cannot import '{arch}': {type(exc).__name__}: {exc}") from None
         if not callable(builder):
             raise ValueError(
                 f"'{arch}' is not callable; it must be build(config, vocab_size, seq_len) -> nn.Module"

@@ -1,0 +1,90 @@
+"""Failures mid-study: a killed driver and a diverged trial lose nothing and count nothing twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
+from typer.testing import CliRunner
+
+from rayb.cli import app
+from rayb.train.loop import METRICS
+from rayb.train.trial import TRAIN_DONE
+
+pytestmark = pytest.mark.ray
+
+
+def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_path):
+    import ray
+
+    raw = tiny_study_dict(
+        models=[{"arch": "gpt2", "config": {"d_model": 32, "n_layer": 2, "n_head": 2}}], seeds=3
+    )
+    raw["train"]["max_concurrent_trials"] = 1  # one trial at a time: the kill lands between known states
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    # A second driver on the same cluster, killed like a lost head-node shell or an OOM-killed job.
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "rayb.cli", "run", str(study_file), "--output", str(out)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 400
+    while True:
+        assert driver.poll() is None and time.time() < deadline, "study ended before the kill"
+        trials = sorted((out / "trials").glob("*")) if (out / "trials").exists() else []
+        done = [t for t in trials if (t / TRAIN_DONE).exists()]
+        running = [
+            t for t in trials if t not in done and registered_checkpoint_step(out / "ray" / "train" / t.name)
+        ]
+        if done and running:
+            break
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    finished = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")}
+    interrupted = running[0]
+    time.sleep(5)  # Ray reaps the dead driver's trial actors and workers
+
+    result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"{len(finished)} already trained" in result.output
+    for path, mtime in finished.items():
+        assert path.stat().st_mtime_ns == mtime, f"{path} was retrained"
+    # The interrupted trial resumed from a checkpoint (steps 8, 16), not from step 1.
+    (restart,) = restart_points(interrupted / METRICS)
+    assert restart in (9, 17)
+    (study_dir,) = (out / "studies").iterdir()
+    table = pd.read_parquet(study_dir / "results.parquet")
+    assert sorted(table.seed) == [0, 1, 2] and (table.status == "ok").all()
+
+
+def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path):
+    raw = tiny_study_dict(seeds=[0])
+    # nan_at counts forward passes: 2 micro-batches per step, so the 5th is step 3.
+    raw["models"] = [
+        raw["models"][0],
+        {"arch": "faulty_models:nan_after", "name": "unstable", "config": {"d_model": 32, "n_layer": 2,
+                                                                          "n_head": 2, "nan_at": 5}},
+    ]  # fmt: skip
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    (study_dir,) = (tmp_path / "out" / "studies").iterdir()
+    table = pd.read_parquet(study_dir / "results.parquet").set_index("model")
+    assert table.loc["unstable", "status"] == "diverged"
+    assert table.loc["unstable", "steps"] == 3
+    assert table.loc["gpt2", "status"] == "ok"
+    verdict = json.loads((study_dir / "results.json").read_text())
+    assert {"model": "unstable", "seed": 0, "lr": 0.003, "status": "diverged"} in verdict["excluded"]
+    assert [r["model"] for r in verdict["rows"]] == ["gpt2"]
