@@ -22,7 +22,9 @@ def init_ray() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
     ray.init(
         num_cpus=LOCAL_OVERSUBSCRIBE * (os.cpu_count() or 1),
-        include_dashboard=False,
+        # The dashboard (on 127.0.0.1 only) also serves the State API that Ray Train's placement-group
+        # cleaner polls; without it that cleaner logs a warning every few seconds of every trial.
+        include_dashboard=True,
         runtime_env={"env_vars": {"PYTHONPATH": driver_import_path()}},
     )
 
