@@ -28,12 +28,19 @@ def _free_port() -> int:
 def head_node():
     """`ray start --head --block` in its own temp dir; terminating it stops only this cluster."""
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
-    dashboard = _free_port()
+    # Every port the head opens is a free one: the suite's own Ray (dashboard and agent on their default
+    # ports) is running beside it.
+    ports = {
+        flag: _free_port()
+        for flag in ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                     "metrics-export-port", "runtime-env-agent-port", "ray-client-server-port")
+    }  # fmt: skip
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--port={_free_port()}", f"--dashboard-port={dashboard}",
-         "--dashboard-host=127.0.0.1", "--num-cpus=8", f"--temp-dir={temp_dir}", "--include-dashboard=true"],
+        ["ray", "start", "--head", "--block", "--dashboard-host=127.0.0.1", "--num-cpus=8", f"--temp-dir={temp_dir}",
+         "--include-dashboard=true", *(f"--{flag}={port}" for flag, port in ports.items())],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    dashboard = ports["dashboard-port"]
     address = f"http://127.0.0.1:{dashboard}"
     # Ready means a job runs: the job API answers before the head's job agent is up.
     probe = ["ray", "job", "submit", "--address", address, "--", "python", "-c", "pass"]
