@@ -10,7 +10,6 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -106,7 +106,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         if status == "ok":
             _save_model(engine.module, trial_dir / "model")
-        _write_result(trial, trial_dir, status, step + 1 if status != "ok" else trial.steps, params)
+        _write_result(
+            trial, trial_dir, status, step + 1 if status != "ok" else trial.steps, params, cache.seq_len
+        )
 
 
 def _deepspeed_config(t: dict[str, Any], accum: int) -> dict[str, Any]:
@@ -166,7 +168,9 @@ def _save_model(module: torch.nn.Module, out: Path) -> None:
         save_model(module, str(out / "model.safetensors"))
 
 
-def _write_result(trial: TrialSpec, trial_dir: Path, status: str, steps_done: int, params) -> None:
+def _write_result(
+    trial: TrialSpec, trial_dir: Path, status: str, steps_done: int, params, seq_len: int
+) -> None:
     train_log = [r for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
     tail = [r["loss"] for r in train_log[-10:]]
     wall = sum(r["step_s"] for r in train_log)
@@ -178,9 +182,7 @@ def _write_result(trial: TrialSpec, trial_dir: Path, status: str, steps_done: in
             "final_train_loss": float(np.mean(tail)) if tail else float("nan"),
             "params_total": params.total,
             "params_non_embedding": params.non_embedding,
-            "train_tokens": steps_done
-            * trial.train["global_batch"]
-            * TokenCache(Path(trial.cache_dir)).seq_len,
+            "train_tokens": steps_done * trial.train["global_batch"] * seq_len,
             "wall_s": wall,
             "tokens_per_s": float(np.mean([r["tokens_per_s"] for r in train_log])) if train_log else 0.0,
         },
