@@ -20,6 +20,7 @@ import pandas as pd
 
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EVAL_LM_FILE
+from rayb.files import read_json
 from rayb.study import Study
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
@@ -86,7 +87,9 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
         run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores)) if pending else {}
     )
 
-    trained = [t for t in trials if t.done and _json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+    trained = [
+        t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"
+    ]
     unevaluated = [t for t in trained if not (Path(t.trial_dir) / EVAL_LM_FILE).exists()]
     log(f"evaluating {len(unevaluated)} checkpoints on eval actors ...")
     errors |= evaluate_trials(unevaluated, num_actors=max(1, cores))
@@ -110,8 +113,8 @@ def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str])
 
 def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
     trial_dir = Path(trial.trial_dir)
-    train = _json(trial_dir / TRAIN_DONE)
-    evaluation = _json(trial_dir / EVAL_LM_FILE)
+    train = read_json(trial_dir / TRAIN_DONE)
+    evaluation = read_json(trial_dir / EVAL_LM_FILE)
     metrics = read_metrics(trial_dir / METRICS)
     curve = [r for r in metrics if r["kind"] == "train"]
     val_curve = [r for r in metrics if r["kind"] == "val"]
@@ -133,7 +136,3 @@ def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
         "curve_step": [r["step"] for r in curve], "curve_train_loss": [r["loss"] for r in curve],
         "curve_val_step": [r["step"] for r in val_curve], "curve_val_loss": [r["val_loss"] for r in val_curve],
     }  # fmt: skip
-
-
-def _json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}

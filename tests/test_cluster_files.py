@@ -158,14 +158,19 @@ def test_setup_installs_the_checkout_with_cuda_kernels_only_on_gpu_nodes(name):
         )
 
 
+def assert_pinned_ray_image(image: str, gpu: bool, where: str) -> None:
+    """Ray's own image at the version rayb pins; the GPU build exactly where there are GPUs."""
+    repo, _, tag = image.partition(":")
+    assert repo == "rayproject/ray" and tag.startswith(ray_pin() + "-"), f"{where}: {image}"
+    assert ("-gpu" in tag or "-cu" in tag) == gpu, f"{where}: {image}"
+
+
 @pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
 def test_images_run_the_ray_that_rayb_pins(name):
     config = prepared(name)
     for node_type, spec in config["available_node_types"].items():
         image, _ = docker_settings(config, node_type)
-        repo, _, tag = image.partition(":")
-        assert repo == "rayproject/ray" and tag.startswith(ray_pin() + "-"), f"{node_type}: {image}"
-        assert ("-gpu" in tag or "-cu" in tag) == bool(node_gpus(spec)), f"{node_type}: {image}"
+        assert_pinned_ray_image(image, gpu=bool(node_gpus(spec)), where=node_type)
 
 
 @pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
@@ -343,10 +348,7 @@ def test_ray_version_and_images_match_rayb_pin(name):
     spec = cluster_specs()[name]
     assert spec["rayVersion"] == ray_pin()
     for group, template in pod_templates(spec).items():
-        image = ray_container(template)["image"]
-        repo, _, tag = image.partition(":")
-        assert repo == "rayproject/ray" and tag.startswith(ray_pin() + "-"), f"{group}: {image}"
-        assert ("-gpu" in tag or "-cu" in tag) == bool(gpu_limit(template)), f"{group}: {image}"
+        assert_pinned_ray_image(ray_container(template)["image"], gpu=bool(gpu_limit(template)), where=group)
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayb.train.trial import TrialSpec, write_json_atomic
+from rayb.files import write_json_atomic
+from rayb.train.trial import TrialSpec
 
 EVAL_LM_FILE = "eval_lm.json"
 

@@ -11,7 +11,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from rayb.analysis.stats import (
     finite_values,
     summarize,
 )
+from rayb.files import write_atomic
 
 SUMMARY_METRICS: tuple[str, ...] = ("val_loss", "val_ppl", "val_bpb")
 """Metrics summarised per model (all lower-is-better)."""
@@ -427,17 +427,6 @@ def _plot_png(verdict: Verdict, df: pd.DataFrame, unigram_entropy_nats: float | 
 # --------------------------------------------------------------------------------------------- writing
 
 
-def _atomic_write(path: Path, data: bytes) -> Path:
-    """Write via a temp file in the same directory + os.replace, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def write_report(
     verdict: Verdict,
     df: pd.DataFrame,
@@ -447,8 +436,8 @@ def write_report(
     """Write report.md, results.json and loss_curves.png into out_dir; return their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = _atomic_write(out_dir / PLOT_NAME, _plot_png(verdict, df, unigram_entropy_nats))
+    plot = write_atomic(out_dir / PLOT_NAME, _plot_png(verdict, df, unigram_entropy_nats))
     payload = json.dumps(verdict_to_dict(verdict, unigram_entropy_nats), indent=2, allow_nan=False)
-    js = _atomic_write(out_dir / JSON_NAME, (payload + "\n").encode())
-    report = _atomic_write(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats).encode())
+    js = write_atomic(out_dir / JSON_NAME, (payload + "\n").encode())
+    report = write_atomic(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats).encode())
     return {"report": report, "json": js, "plot": plot}

@@ -21,9 +21,10 @@ import torch
 
 from rayb.data.cache import TokenCache, row_digest
 from rayb.eval.lm import as_ids, next_token_nll
+from rayb.files import write_json_atomic
 from rayb.models import build_model, count_params
 from rayb.train.schedule import lr_multiplier
-from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics, write_json_atomic
+from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
 METRICS = "metrics.jsonl"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,6 @@ class TrialSpec:
     @property
     def done(self) -> bool:
         return (Path(self.trial_dir) / TRAIN_DONE).exists()
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, default=float))
-    os.replace(tmp, path)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
