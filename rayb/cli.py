@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from rayb.study import StudyError, check_output_dir, load_study
 
@@ -70,6 +73,120 @@ def run(
         f"report: {outcome.files['report']}"
     )
     if outcome.errors:
+        raise typer.Exit(code=1)
+
+
+def _overrides(pairs: list[str]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail("--set", f"'{pair}' is not key=value (e.g. --set d_model=512)")
+        overrides[key] = yaml.safe_load(value)  # 512 → int, true → bool, 1e-3 → float
+    return overrides
+
+
+def _fail(what: str, message: str) -> None:
+    console.print(f"[red]invalid {what}[/red] {escape(message)}", highlight=False)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def params(
+    name: Annotated[str | None, typer.Argument(help="a preset, an architecture, or pkg.module:build")] = None,
+    vocab: Annotated[
+        int | None, typer.Option("--vocab", help="vocabulary size (preset's, else 50257)")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="context length (preset's, else 1024)")
+    ] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="config key=value, repeatable")] = [],  # noqa: B006
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="list presets and architectures")] = False,
+) -> None:
+    """Parameters, FLOPs per token and inference memory of a model, counted on the meta device."""
+    from rayb.models import available
+    from rayb.models.accounting import account
+    from rayb.models.presets import PRESETS
+
+    if list_ or name is None:
+        console.print("architectures: " + ", ".join(available()))
+        for p in PRESETS.values():
+            console.print(f"  {p.name:<22} {p.arch:<8} {p.about}", highlight=False)
+        return
+    try:
+        info = account(name, vocab, seq_len, _overrides(set_))
+    except ValueError as exc:
+        _fail("model", str(exc))
+    if as_json:
+        print(json.dumps(info))
+        return
+    table = Table(title=f"{name} ({info['arch']}, vocab {info['vocab_size']:,}, context {info['seq_len']:,})")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("config", json.dumps(info["config"])),
+        ("total parameters", f"{info['total_params']:,}"),
+        ("  embedding", f"{info['embedding_params']:,}"),
+        ("  non-embedding", f"{info['non_embedding_params']:,}"),
+        ("counted on meta device", f"{info['counted_total_params']:,}"),
+        ("published count", f"{info['published_params']:,}" if info["published_params"] else "-"),
+        ("forward FLOPs / token", f"{info['flops_per_token']:.4g}"),
+        ("training FLOPs / token", f"{info['train_flops_per_token']:.4g}"),
+        ("KV cache / token (bf16)", f"{info['kv_cache_bytes_per_token']:,} B"),
+        ("recurrent state (bf16)", f"{info['state_bytes']:,} B"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def match(
+    target: Annotated[str, typer.Option("--target", help="parameter count, e.g. 30M, 3.5M, 1.3B")],
+    archs: Annotated[str, typer.Option("--archs", help="comma-separated architectures")] = "gpt2,llama,mamba",
+    by: Annotated[str, typer.Option("--by", help="total or non-embedding")] = "total",
+    vocab: Annotated[int, typer.Option("--vocab")] = 50257,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 1024,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
+) -> None:
+    """Solve each architecture's width and depth to hit a parameter target within ±2%."""
+    from rayb.models.sizing import SizeError, parse_size
+    from rayb.models.sizing import match as solve
+
+    if by not in ("total", "non-embedding"):
+        _fail("--by", f"'{by}': use total or non-embedding")
+    try:
+        goal = parse_size(target)
+    except SizeError as exc:
+        _fail("--target", str(exc))
+    results = []
+    for arch in [a.strip() for a in archs.split(",") if a.strip()]:
+        try:
+            m = solve(arch, goal, by, vocab, seq_len)
+        except ValueError as exc:  # SizeError, or an unknown architecture
+            results.append({"arch": arch, "error": str(exc)})
+            continue
+        results.append({
+            "arch": arch, "config": m.config, "total_params": m.cost.total_params,
+            "non_embedding_params": m.cost.non_embedding_params, "deviation": m.error,
+            "flops_per_token": m.cost.forward_flops_per_token,
+        })  # fmt: skip
+    if as_json:
+        print(json.dumps(results))
+    else:
+        table = Table(title=f"{goal:,} {by} parameters (vocab {vocab:,}, context {seq_len:,})")
+        for column in ("arch", "config", "total", "non-embedding", "deviation", "FLOPs/token"):
+            table.add_column(column, justify="left" if column in ("arch", "config") else "right")
+        for r in results:
+            if "error" in r:
+                table.add_row(r["arch"], f"[red]{escape(r['error'])}[/red]", "", "", "", "")
+            else:
+                table.add_row(r["arch"], json.dumps(r["config"]), f"{r['total_params']:,}",
+                              f"{r['non_embedding_params']:,}", f"{r['deviation']:+.2%}",
+                              f"{r['flops_per_token']:.3g}")  # fmt: skip
+        console.print(table)
+    if any("error" in r for r in results):
         raise typer.Exit(code=1)
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EVAL_LM_FILE
 from rayb.files import read_json
-from rayb.study import Study
+from rayb.study import Study, StudyError
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -41,17 +41,23 @@ class StudyOutcome:
 def plan_trials(study: Study, cache: TokenCache, out: Path, cores: int) -> list[TrialSpec]:
     n_trials = len(study.models) * len(study.train.lr) * len(study.seeds)
     threads = max(1, cores // (concurrency(study, n_trials, cores) * study.train.num_workers))
+    vocab = cache.manifest["vocab_size"]
     trials = []
-    for model in study.models:
+    for i, model in enumerate(study.models):
+        try:
+            config, cost, steps = study.model_steps(model, vocab, where=f"models.{i}")
+        except ValueError as exc:  # a size only checkable now that the tokenizer is known
+            raise StudyError(str(exc)) from None
         for lr in study.train.lr:
             for seed in study.seeds:
                 key = study.trial_key(model, lr, seed, cache.manifest["key"])
                 trials.append(
                     TrialSpec(
-                        key=key, model=model.label, arch=model.arch, model_config=model.config, lr=lr, seed=seed,
+                        key=key, model=model.label, arch=model.architecture, model_config=config, lr=lr, seed=seed,
                         train=study.train.model_dump(mode="json") | {"precision": study.train.dtype},
-                        steps=study.steps, cache_dir=str(cache.path), trial_dir=str(out / "trials" / f"{model.label}-{key}"),
+                        steps=steps, cache_dir=str(cache.path), trial_dir=str(out / "trials" / f"{model.label}-{key}"),
                         storage_path=str(out / "ray" / "train"), threads=threads,
+                        train_flops_per_token=cost.train_flops_per_token,
                     )
                 )  # fmt: skip
     return trials
@@ -122,11 +128,13 @@ def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
     if status == "ok" and not evaluation:
         status = "error"
     nan = math.nan
-    return {
+    extra = {f"extra.{name}": value for name, value in evaluation.get("extra", {}).items()}
+    return extra | {
         "study": study.name, "model": trial.model, "arch": trial.arch, "lr": trial.lr, "seed": trial.seed,
         "trial_key": trial.key, "status": status, "error": error or "",
         "params_total": train.get("params_total", 0), "params_non_embedding": train.get("params_non_embedding", 0),
         "train_tokens": train.get("train_tokens", 0), "steps": train.get("steps", 0),
+        "train_flops": train.get("train_flops", nan), "train_flops_per_token": trial.train_flops_per_token,
         "final_train_loss": train.get("final_train_loss", nan),
         "val_loss": evaluation.get("val_loss", nan), "val_ppl": evaluation.get("val_ppl", nan),
         "val_bpb": evaluation.get("val_bpb", nan),

@@ -11,10 +11,21 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+if TYPE_CHECKING:
+    from rayb.models.accounting import Cost
 
 STUDY_FORMAT_VERSION = 1
 
@@ -79,6 +90,18 @@ class DataSpec(_Strict):
         return self
 
     @property
+    def nominal_vocab(self) -> int | None:
+        """The vocabulary size known before any data work: bpe:N's N, or a local tokenizer's size."""
+        if self.tokenizer.startswith("bpe:"):
+            return int(self.tokenizer[4:])
+        tokenizer_file = Path(self.tokenizer) / "tokenizer.json"
+        if tokenizer_file.is_file():
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+        return None  # a hub id: known once the data step has fetched it
+
+    @property
     def train_rows(self) -> int:
         return self.token_budget // self.seq_len
 
@@ -88,24 +111,83 @@ class DataSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    arch: str = Field(description="a registered architecture name or an import path 'pkg.module:build'")
+    preset: str | None = Field(default=None, description="a named configuration (`rayb params --list`)")
+    arch: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="a registered architecture name or an import path 'pkg.module:build'",
+    )
+    size: str | int | None = Field(
+        default=None, description="solve the shape for this many parameters, e.g. 30M (instead of a config)"
+    )
+    size_by: Literal["total", "non-embedding"] = "total"
     name: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_.-]+$", description="label in reports; defaults to the arch name"
     )
-    config: dict[str, Any] = Field(default_factory=dict, description="architecture keyword arguments")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="architecture keyword arguments (with size: the keys to keep fixed)"
+    )
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str | None) -> str | None:
+        from rayb.models.presets import get_preset
+
+        if preset is not None:
+            get_preset(preset)
+        return preset
 
     @field_validator("arch")
     @classmethod
-    def _known_arch(cls, arch: str) -> str:
+    def _known_arch(cls, arch: str | None, info: ValidationInfo) -> str | None:
         from rayb.models import check_arch
 
-        check_arch(arch)
+        if "preset" not in info.data:  # the preset itself is invalid and already reported
+            return arch
+        if arch is None and info.data["preset"] is None:
+            raise ValueError("required field is missing (or give preset: NAME instead)")
+        if arch is not None and info.data["preset"] is not None:
+            raise ValueError("give arch or preset, not both")
+        if arch is not None:
+            check_arch(arch)
         return arch
+
+    @field_validator("size")
+    @classmethod
+    def _size_form(cls, size: str | int | None) -> str | int | None:
+        from rayb.models.sizing import parse_size
+
+        if size is not None:
+            parse_size(size)
+        return size
+
+    @model_validator(mode="after")
+    def _size_needs_arch(self) -> ModelSpec:
+        if self.preset and self.size is not None:
+            raise ValueError(f"preset '{self.preset}' fixes the size; drop size, or use arch with size")
+        return self
+
+    @property
+    def architecture(self) -> str:
+        from rayb.models.presets import get_preset
+
+        return self.arch or get_preset(self.preset).arch
 
     @property
     def label(self) -> str:
         # Labels name trial directories, so an import path's ':' becomes '.'.
-        return self.name or self.arch.replace(":", ".")
+        return self.name or self.preset or self.arch.replace(":", ".")
+
+    def resolve(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
+        """The architecture config this entry stands for, with the study's vocabulary and context."""
+        from rayb.models.presets import get_preset
+        from rayb.models.sizing import match, parse_size
+
+        if self.preset:
+            return get_preset(self.preset).config | self.config
+        if self.size is None:
+            return dict(self.config)
+        return match(self.arch, parse_size(self.size), self.size_by, vocab_size, seq_len, self.config).config
 
 
 class TrainSpec(_Strict):
@@ -130,6 +212,12 @@ class TrainSpec(_Strict):
     eval_every: int = Field(default=50, ge=1, description="steps between validation loss and checkpoint")
     eval_batches: int = Field(default=8, ge=1, description="validation micro-batches per interim evaluation")
     max_concurrent_trials: int | None = Field(default=None, ge=1)
+    flops_budget: float | None = Field(
+        default=None,
+        gt=0,
+        description="matched compute: training FLOPs per trial; each model's token budget is this over its "
+        "own training FLOPs per token (all within data.token_budget, same tokens in the same order)",
+    )
 
     @field_validator("lr", mode="before")
     @classmethod
@@ -224,6 +312,10 @@ class Study(_Strict):
                 f"data.token_budget ({self.data.token_budget}) is less than one optimizer step "
                 f"(train.global_batch × data.seq_len = {self.train.global_batch * self.data.seq_len} tokens)"
             )
+        vocab = self.data.nominal_vocab
+        if vocab is not None:  # otherwise sizes are solved once the tokenizer is fetched
+            for i, model in enumerate(self.models):
+                self.model_steps(model, vocab, where=f"models.{i}")
         return self
 
     # ----- derived values -------------------------------------------------------------------------
@@ -233,7 +325,34 @@ class Study(_Strict):
 
     @property
     def steps(self) -> int:
+        """Optimizer steps the data covers (every trial's, unless a FLOPs budget sets fewer)."""
         return self.data.train_rows // self.train.global_batch
+
+    def model_steps(
+        self, model: ModelSpec, vocab_size: int, where: str = "model"
+    ) -> tuple[dict[str, Any], Cost, int]:
+        """A model's resolved config, its cost, and its steps (fewer under a matched FLOPs budget)."""
+        from rayb.models.accounting import model_cost
+
+        seq_len = self.data.seq_len
+        try:
+            config = model.resolve(vocab_size, seq_len)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        cost = model_cost(model.architecture, config, vocab_size, seq_len)
+        if self.train.flops_budget is None:
+            return config, cost, self.steps
+        tokens_per_step = self.train.global_batch * seq_len
+        steps = int(self.train.flops_budget // (cost.train_flops_per_token * tokens_per_step))
+        if not 1 <= steps <= self.steps:
+            need = self.train.flops_budget / cost.train_flops_per_token
+            raise ValueError(
+                f"{where}: train.flops_budget {self.train.flops_budget:.3g} buys {model.label} "
+                f"{need:,.0f} tokens ({cost.train_flops_per_token:.3g} training FLOPs/token), "
+                + (f"more than data.token_budget ({self.data.token_budget:,}); raise it"
+                   if steps > self.steps else f"less than one step ({tokens_per_step:,} tokens); raise the budget")
+            )  # fmt: skip
+        return config, cost, steps
 
     def fingerprint(self) -> str:
         return digest(self.model_dump(mode="json"))

@@ -137,3 +137,56 @@ def test_unreadable_files(tmp_path):
     broken.write_text("name: [unclosed")
     with pytest.raises(StudyError, match="not valid UTF-8 YAML"):
         load_study(broken)
+
+
+def test_size_and_preset_resolve_with_the_study_vocabulary():
+    models = [
+        {"arch": "llama", "size": "200K", "name": "llama-200k"},
+        {"arch": "mamba", "size": "150K", "size_by": "non-embedding", "config": {"d_state": 4}},
+        {"preset": "pythia-70m", "config": {"n_layer": 1}},
+    ]
+    study = parse_study(tiny_study_dict(models=models))
+    vocab = study.data.nominal_vocab
+    assert vocab == 512
+    llama, mamba, pythia = (study.model_steps(m, vocab) for m in study.models)
+    assert abs(llama[1].total_params / 200_000 - 1) <= 0.02
+    assert abs(mamba[1].non_embedding_params / 150_000 - 1) <= 0.02 and mamba[0]["d_state"] == 4
+    assert pythia[0] == {"d_model": 512, "n_layer": 1, "n_head": 8}  # the preset's shape, study's vocabulary
+    assert [m.label for m in study.models] == ["llama-200k", "mamba", "pythia-70m"]
+    assert study.models[2].architecture == "pythia"
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"arch": "gpt2", "size": "10K"}, "too small for gpt2"),
+        ({"arch": "gpt2", "size": "50K"}, r"within ±2% .* the closest is"),
+        ({"arch": "gpt2", "size": "lots"}, "not a size"),
+        ({"preset": "gpt2-huge"}, "unknown preset"),
+        ({"preset": "gpt2", "size": "30M"}, "fixes the size"),
+        ({"config": {"d_model": 32}}, "models.0.arch: required field is missing"),
+        ({"arch": "gpt2", "preset": "gpt2"}, "not both"),
+    ],
+)
+def test_impossible_or_ambiguous_sizes_fail_naming_the_model(model, message):
+    with pytest.raises(StudyError, match=message):
+        parse_study(tiny_study_dict(models=[model]))
+
+
+def test_matched_compute_gives_each_model_the_same_flops():
+    models = [
+        {"arch": "gpt2", "config": {"d_model": 32, "n_layer": 2, "n_head": 2}},
+        {"arch": "gpt2", "name": "wide", "config": {"d_model": 64, "n_layer": 2, "n_head": 2}},
+    ]
+    raw = tiny_study_dict(models=models)
+    raw["train"]["flops_budget"] = 1e9
+    study = parse_study(raw)
+    (small_cfg, small, small_steps), (_, wide, wide_steps) = (study.model_steps(m, 512) for m in study.models)
+    assert wide_steps < small_steps <= study.steps
+    tokens_per_step = study.train.global_batch * study.data.seq_len
+    for cost, steps in ((small, small_steps), (wide, wide_steps)):
+        spent = steps * tokens_per_step * cost.train_flops_per_token
+        assert 1e9 - cost.train_flops_per_token * tokens_per_step < spent <= 1e9
+    raw["train"]["flops_budget"] = 1e13  # more tokens than the data holds
+    with pytest.raises(StudyError, match="more than data.token_budget"):
+        parse_study(raw)

@@ -19,7 +19,10 @@ from rayb.data.cache import TokenCache
 
 def next_token_nll(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Summed negative log-likelihood (nats) of tokens 1..T-1 of each row given their prefixes."""
-    logits = model(ids).logits
+    return logits_nll(model(ids).logits, ids)
+
+
+def logits_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum")
 
 
@@ -31,6 +34,9 @@ def as_ids(rows: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor
 def evaluate_lm(model: nn.Module, cache: TokenCache, batch_size: int = 16) -> dict[str, float]:
     model.eval()
     device = next(model.parameters()).device
+    extra_metrics = getattr(model, "extra_metrics", None)  # a candidate's own metrics (see examples/)
+    if extra_metrics:
+        extra_metrics()  # start counting from the validation pass
     nll = 0.0
     for start in range(0, len(cache.val), batch_size):
         nll += next_token_nll(model, as_ids(cache.val[start : start + batch_size], device)).item()
@@ -41,6 +47,7 @@ def evaluate_lm(model: nn.Module, cache: TokenCache, batch_size: int = 16) -> di
         "val_ppl": math.exp(loss),
         "val_bpb": nll / (math.log(2) * float(cache.val_bytes.sum())),
         "val_tokens": tokens,
+        "extra": extra_metrics() if extra_metrics else {},
     }
 
 
@@ -51,10 +58,7 @@ def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)  # never unpickle
-    from safetensors.torch import load_model
-
     from rayb.models import build_model
+    from rayb.models.checkpoint import load_weights
 
-    model = build_model(arch, config, vocab_size, seq_len)
-    load_model(model, model_dir / "model.safetensors")
-    return model
+    return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)

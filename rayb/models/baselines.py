@@ -1,8 +1,9 @@
-"""Baseline architectures, built from transformers' own config and model classes.
+"""Baselines that transformers ships: GPT-2, Pythia (GPT-NeoX), Transformer++ (Llama), Mamba, Mamba-2.
 
-Each builder accepts rayb's common size names (d_model, n_layer, n_head, d_ff) and passes any other
-key straight to the transformers config, so every knob of the real architecture stays reachable.
-Dropout is off: at these scales and budgets it only adds seed noise to the comparison.
+Each takes rayb's common size names (d_model, n_layer, n_head, d_ff, d_state) and passes any other key
+straight to the transformers config, so every knob of the real architecture stays reachable. Dropout
+is off: at these scales and budgets it only adds seed noise to the comparison. Each also carries its
+closed-form `Cost` (see accounting.py for the conventions); tests hold it against the built model.
 """
 
 from __future__ import annotations
@@ -11,73 +12,216 @@ from typing import Any
 
 import torch
 
-from rayb.models.registry import register
+from rayb.models import nanogpt
+from rayb.models.accounting import Cost
+from rayb.models.common import attention_heads, swiglu_width
+from rayb.models.registry import Architecture, register
 
 
-def _take(config: dict[str, Any], key: str, default: Any) -> Any:
-    return config.pop(key, default)
+def _hf_model(cfg):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(cfg)
 
 
-@register("gpt2")
-def gpt2(config: dict[str, Any], vocab_size: int, seq_len: int):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _attention_shape(d_model: int, n_layer: int) -> dict[str, Any]:
+    return {"d_model": d_model, "n_layer": n_layer, "n_head": attention_heads(d_model)}
 
-    cfg = GPT2Config(
+
+# ----- GPT-2 ----------------------------------------------------------------------------------------
+def gpt2_config(config: dict[str, Any], vocab_size: int, seq_len: int):
+    from transformers import GPT2Config
+
+    return GPT2Config(
         vocab_size=vocab_size,
-        n_positions=_take(config, "n_positions", seq_len),
-        n_embd=_take(config, "d_model", 768),
-        n_layer=_take(config, "n_layer", 12),
-        n_head=_take(config, "n_head", 12),
-        n_inner=_take(config, "d_ff", None),
+        n_positions=config.pop("n_positions", seq_len),
+        n_embd=config.pop("d_model", 768),
+        n_layer=config.pop("n_layer", 12),
+        n_head=config.pop("n_head", 12),
+        n_inner=config.pop("d_ff", None),
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
+        # GPT-2's default special ids (50256) lie outside a smaller study vocabulary; rayb's tokenizer owns them.
+        bos_token_id=config.pop("bos_token_id", None),
+        eos_token_id=config.pop("eos_token_id", None),
         **config,
     )
-    return GPT2LMHeadModel(cfg)
 
 
-@register("llama")
-def llama(config: dict[str, Any], vocab_size: int, seq_len: int):
-    """Transformer++: RoPE, RMSNorm, SwiGLU, no biases."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def gpt2_cost(cfg, seq_len: int) -> Cost:
+    # transformers' GPT-2 is nanoGPT's GPT with biases: one formula for both.
+    return nanogpt.cost(
+        nanogpt.GPTConfig(
+            vocab_size=cfg.vocab_size, block_size=cfg.n_positions, d_model=cfg.n_embd, n_layer=cfg.n_layer,
+            n_head=cfg.n_head, d_ff=cfg.n_inner, tie_embeddings=cfg.tie_word_embeddings,
+        ),
+        seq_len,
+    )  # fmt: skip
 
-    d_model = _take(config, "d_model", 768)
-    n_head = _take(config, "n_head", 12)
-    cfg = LlamaConfig(
+
+# ----- Pythia (GPT-NeoX): parallel residual, rotary on a quarter of each head, untied head ---------
+def pythia_config(config: dict[str, Any], vocab_size: int, seq_len: int):
+    from transformers import GPTNeoXConfig
+
+    d_model = config.pop("d_model", 768)
+    rotary = {"rope_type": "default", "rope_theta": config.pop("rope_theta", 10000.0),
+              "partial_rotary_factor": config.pop("rotary_pct", 0.25)}  # fmt: skip
+    return GPTNeoXConfig(
         vocab_size=vocab_size,
         hidden_size=d_model,
-        # SwiGLU's three matrices at 8/3·d keep the MLP's parameters equal to a 4·d GELU MLP.
-        intermediate_size=_take(config, "d_ff", _round_up(8 * d_model // 3, 64)),
-        num_hidden_layers=_take(config, "n_layer", 12),
-        num_attention_heads=n_head,
-        num_key_value_heads=_take(config, "n_kv_head", n_head),
-        max_position_embeddings=_take(config, "max_position_embeddings", seq_len),
-        tie_word_embeddings=_take(config, "tie_word_embeddings", True),
+        num_hidden_layers=config.pop("n_layer", 12),
+        num_attention_heads=config.pop("n_head", 12),
+        intermediate_size=config.pop("d_ff", 4 * d_model),
+        max_position_embeddings=config.pop("max_position_embeddings", seq_len),
+        rope_parameters=rotary,
         **config,
     )
-    return LlamaForCausalLM(cfg)
 
 
-@register("mamba")
-def mamba(config: dict[str, Any], vocab_size: int, seq_len: int):
-    """Mamba-1. Without the CUDA kernels, transformers' default fallback is a per-token Python loop;
-    the `mambapy` parallel scan is the same computation, tens of times faster on CPU."""
-    from transformers import MambaConfig, MambaForCausalLM
+def pythia_cost(cfg, seq_len: int) -> Cost:
+    d, f, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    matrices = 4 * d * d + 2 * d * f
+    biases = int(cfg.attention_bias) * 4 * d + f + d
+    return Cost(
+        embedding_params=V * d * (1 if cfg.tie_word_embeddings else 2),
+        non_embedding_params=L * (matrices + biases + 4 * d) + 2 * d,
+        forward_flops_per_token=2 * (L * matrices + V * d) + L * 4 * seq_len * d,
+        kv_cache_per_token=2 * L * d,
+    )
 
-    cfg = MambaConfig(
+
+# ----- Transformer++ (Llama): RoPE, RMSNorm, SwiGLU, no biases --------------------------------------
+def llama_config(config: dict[str, Any], vocab_size: int, seq_len: int):
+    from transformers import LlamaConfig
+
+    d_model = config.pop("d_model", 768)
+    n_head = config.pop("n_head", 12)
+    return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=_take(config, "d_model", 768),
-        num_hidden_layers=_take(config, "n_layer", 24),
-        state_size=_take(config, "d_state", 16),
-        expand=_take(config, "expand", 2),
-        conv_kernel=_take(config, "d_conv", 4),
-        use_mambapy=_take(config, "use_mambapy", not torch.cuda.is_available()),
-        tie_word_embeddings=_take(config, "tie_word_embeddings", True),
+        hidden_size=d_model,
+        intermediate_size=config.pop("d_ff", swiglu_width(d_model)),
+        num_hidden_layers=config.pop("n_layer", 12),
+        num_attention_heads=n_head,
+        num_key_value_heads=config.pop("n_kv_head", n_head),
+        max_position_embeddings=config.pop("max_position_embeddings", seq_len),
+        tie_word_embeddings=config.pop("tie_word_embeddings", True),
         **config,
     )
-    return MambaForCausalLM(cfg)
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+def llama_cost(cfg, seq_len: int) -> Cost:
+    d, f, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    head_dim = cfg.head_dim or d // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    matrices = 2 * d * q + 2 * d * kv + 3 * d * f
+    biases = int(cfg.attention_bias) * (q + 2 * kv + d) + int(cfg.mlp_bias) * (2 * f + d)
+    return Cost(
+        embedding_params=V * d * (1 if cfg.tie_word_embeddings else 2),
+        non_embedding_params=L * (matrices + biases + 2 * d) + d,
+        forward_flops_per_token=2 * (L * matrices + V * d) + L * 4 * seq_len * q,
+        kv_cache_per_token=2 * L * kv,
+    )
+
+
+# ----- Mamba ----------------------------------------------------------------------------------------
+def mamba_config(config: dict[str, Any], vocab_size: int, seq_len: int):
+    """Mamba-1. Without the CUDA kernels, transformers' default fallback is a per-token Python loop;
+    the `mambapy` parallel scan is the same computation, several times faster on CPU."""
+    from transformers import MambaConfig
+
+    return MambaConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.pop("d_model", 768),
+        num_hidden_layers=config.pop("n_layer", 24),
+        state_size=config.pop("d_state", 16),
+        expand=config.pop("expand", 2),
+        conv_kernel=config.pop("d_conv", 4),
+        use_mambapy=config.pop("use_mambapy", not torch.cuda.is_available()),
+        tie_word_embeddings=config.pop("tie_word_embeddings", True),
+        **config,
+    )
+
+
+# The selective scan's elementwise work per token and channel: the Mamba paper's 9·B·L·D·N.
+MAMBA_SCAN_FLOPS_PER_STATE = 9
+
+
+def mamba_cost(cfg, seq_len: int) -> Cost:
+    d, L, V, N, k = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.state_size, cfg.conv_kernel
+    di, r = cfg.intermediate_size, cfg.time_step_rank
+    matrices = 2 * d * di + di * (r + 2 * N) + r * di + di * d
+    others = di * k + int(cfg.use_conv_bias) * di + int(cfg.use_bias) * (2 * di + d) + di + di * N + di + d
+    return Cost(
+        embedding_params=V * d * (1 if cfg.tie_word_embeddings else 2),
+        non_embedding_params=L * (matrices + others) + d,
+        forward_flops_per_token=2 * (L * (matrices + di * k) + V * d)
+        + L * MAMBA_SCAN_FLOPS_PER_STATE * di * N,
+        state_size=L * di * (N + k - 1),
+    )
+
+
+# ----- Mamba-2 --------------------------------------------------------------------------------------
+def mamba2_config(config: dict[str, Any], vocab_size: int, seq_len: int):
+    from transformers import Mamba2Config
+
+    d_model = config.pop("d_model", 768)
+    expand = config.pop("expand", 2)
+    head_dim = config.pop("head_dim", 64)
+    if (expand * d_model) % head_dim:
+        raise ValueError(f"expand·d_model ({expand * d_model}) must be a multiple of head_dim ({head_dim})")
+    return Mamba2Config(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        num_hidden_layers=config.pop("n_layer", 24),
+        state_size=config.pop("d_state", 128),
+        expand=expand,
+        head_dim=head_dim,
+        num_heads=expand * d_model // head_dim,
+        n_groups=config.pop("n_groups", 1),
+        conv_kernel=config.pop("d_conv", 4),
+        chunk_size=config.pop("chunk_size", 256),
+        tie_word_embeddings=config.pop("tie_word_embeddings", True),
+        **config,
+    )
+
+
+def mamba2_cost(cfg, seq_len: int) -> Cost:
+    d, L, V, N, k = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.state_size, cfg.conv_kernel
+    H, P, G = cfg.num_heads, cfg.head_dim, cfg.n_groups
+    di = H * P
+    conv_dim = di + 2 * G * N
+    in_proj = d * (2 * di + 2 * G * N + H)
+    matrices = in_proj + di * d
+    others = (conv_dim * k + int(cfg.use_conv_bias) * conv_dim + int(cfg.use_bias) * (2 * di + 2 * G * N + H + d)
+              + 3 * H + di + d)  # fmt: skip
+    # SSD in chunks of Q tokens, per token: C·Bᵀ and the masked (C·Bᵀ)·x inside the chunk (2·Q·H·(N+P)),
+    # the chunk state Bᵀ·x and its read-out C·state (4·H·P·N).
+    chunk = min(cfg.chunk_size, seq_len)
+    ssd = 2 * chunk * H * (N + P) + 4 * di * N
+    return Cost(
+        embedding_params=V * d * (1 if cfg.tie_word_embeddings else 2),
+        non_embedding_params=L * (matrices + others) + d,
+        forward_flops_per_token=2 * (L * (matrices + conv_dim * k) + V * d) + L * ssd,
+        state_size=L * (di * N + conv_dim * (k - 1)),
+    )
+
+
+def _mamba2_shape(d_model: int, n_layer: int) -> dict[str, Any]:
+    return {"d_model": d_model, "n_layer": n_layer, "head_dim": 64 if (2 * d_model) % 64 == 0 else 32}
+
+
+for _arch in (
+    Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape,
+                 description="GPT-2 (transformers GPT2LMHeadModel)"),
+    Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape,
+                 description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary"),
+    Architecture("llama", llama_config, _hf_model, llama_cost, _attention_shape,
+                 description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU"),
+    Architecture("mamba", mamba_config, _hf_model, mamba_cost,
+                 lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0,
+                 description="Mamba-1 (transformers MambaForCausalLM; mambapy scan on CPU)"),
+    Architecture("mamba2", mamba2_config, _hf_model, mamba2_cost, _mamba2_shape, aspect=32.0,
+                 description="Mamba-2 (transformers Mamba2ForCausalLM; chunked SSD in PyTorch on CPU)"),
+):  # fmt: skip
+    register(_arch)

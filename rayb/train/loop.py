@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from rayb.data.cache import TokenCache, row_digest
-from rayb.eval.lm import as_ids, next_token_nll
+from rayb.eval.lm import as_ids, logits_nll, next_token_nll
 from rayb.files import write_json_atomic
 from rayb.models import build_model, count_params
+from rayb.models.checkpoint import save_weights
 from rayb.train.schedule import lr_multiplier
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -80,8 +81,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             rows = cache.micro_batch(step, micro, rank, world, t["global_batch"], t["micro_batch"])
             digest += row_digest(rows)
             ids = as_ids(rows, engine.device)
-            loss = next_token_nll(engine, ids) / ids[:, 1:].numel()
-            engine.backward(loss)
+            out = engine(ids)
+            loss = logits_nll(out.logits, ids) / ids[:, 1:].numel()
+            # A model may add its own training-only term (e.g. an MoE load-balancing loss); the
+            # logged loss stays the language-modelling loss every model is compared on.
+            aux = getattr(out, "aux_loss", None)
+            engine.backward(loss if aux is None else loss + aux)
             engine.step()
             loss_sum += loss.item()
         # Every rank learns the global loss, so all of them agree on divergence and stop together.
@@ -95,6 +100,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             kind="train", step=step + 1, loss=step_loss, lr=lr,
             grad_norm=_float(engine.get_global_grad_norm()), tokens=(step + 1) * tokens_per_step,
             tokens_per_s=tokens_per_step / elapsed, step_s=elapsed, batch_digest=int(digest_t.item()),
+            **_extra_metrics(engine.module, world, dist),
         )  # fmt: skip
         if not math.isfinite(step_loss):
             status = "diverged"
@@ -110,6 +116,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         _write_result(
             trial, trial_dir, status, step + 1 if status != "ok" else trial.steps, params, cache.seq_len
         )
+
+
+def _extra_metrics(module: torch.nn.Module, world: int, dist) -> dict[str, float]:
+    """A model's own per-step metrics (`extra_metrics()`), averaged over the workers."""
+    if not hasattr(module, "extra_metrics"):
+        return {}
+    metrics = module.extra_metrics()
+    names = sorted(metrics)
+    values = torch.tensor([float(metrics[n]) for n in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return {f"extra.{n}": v / world for n, v in zip(names, values.tolist(), strict=True)}
 
 
 def _deepspeed_config(t: dict[str, Any], accum: int) -> dict[str, Any]:
@@ -160,13 +177,11 @@ def _checkpoint(engine, step: int, metrics: dict[str, float]) -> None:
 
 
 def _save_model(module: torch.nn.Module, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     if hasattr(module, "save_pretrained"):
+        out.mkdir(parents=True, exist_ok=True)
         module.save_pretrained(out)
     else:
-        from safetensors.torch import save_model
-
-        save_model(module, str(out / "model.safetensors"))
+        save_weights(module, out)
 
 
 def _write_result(
@@ -175,6 +190,7 @@ def _write_result(
     train_log = [r for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
     tail = [r["loss"] for r in train_log[-10:]]
     wall = sum(r["step_s"] for r in train_log)
+    train_tokens = steps_done * trial.train["global_batch"] * seq_len
     write_json_atomic(
         trial_dir / TRAIN_DONE,
         {
@@ -183,7 +199,8 @@ def _write_result(
             "final_train_loss": float(np.mean(tail)) if tail else float("nan"),
             "params_total": params.total,
             "params_non_embedding": params.non_embedding,
-            "train_tokens": steps_done * trial.train["global_batch"] * seq_len,
+            "train_tokens": train_tokens,
+            "train_flops": train_tokens * trial.train_flops_per_token,
             "wall_s": wall,
             "tokens_per_s": float(np.mean([r["tokens_per_s"] for r in train_log])) if train_log else 0.0,
         },

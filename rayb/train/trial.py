@@ -24,6 +24,7 @@ class TrialSpec:
     trial_dir: str
     storage_path: str  # Ray Train storage for DeepSpeed checkpoints
     threads: int = 1
+    train_flops_per_token: float = 0.0  # the model's analytic (or measured) training FLOPs per token
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

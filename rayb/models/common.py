@@ -1,0 +1,51 @@
+"""Pieces shared by the architectures rayb implements itself (those transformers does not ship)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor
+    state: Any = None  # per-layer recurrent state after the last token, when asked for
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def attention_heads(d_model: int) -> int:
+    """Shape rule for attention: 64-wide heads (GPT-2, Pythia, Llama), 32-wide when d is not a multiple of 64."""
+    return max(1, d_model // 64) if d_model % 64 == 0 else max(1, d_model // 32)
+
+
+def swiglu_width(d_model: int) -> int:
+    # SwiGLU's three matrices at 8/3·d keep the MLP's parameters equal to a 4·d GELU MLP.
+    return round_up(8 * d_model // 3, 64)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def init_normal(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2's initialisation: N(0, std) weights, zero biases (norms keep their ones)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
