@@ -42,6 +42,19 @@ def validate(study_file: Path) -> None:
         f"{len(study.seeds)} seeds = {trials} trials, {study.steps} steps of "
         f"{study.train.global_batch}×{study.data.seq_len} tokens"
     )
+    vocab = study.data.nominal_vocab
+    if vocab is None:
+        console.print("(model sizes are resolved once the hub tokenizer is fetched)")
+        return
+    tokens_per_step = study.train.global_batch * study.data.seq_len
+    for model in study.models:
+        config, cost, steps = study.model_steps(model, vocab)
+        console.print(
+            f"  {model.label}: {model.architecture} {json.dumps(config)}, {cost.total_params:,} parameters "
+            f"({cost.non_embedding_params:,} non-embedding), {steps} steps, "
+            f"{steps * tokens_per_step * cost.train_flops_per_token:.3g} training FLOPs",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -337,9 +337,9 @@ class Study(_Strict):
         seq_len = self.data.seq_len
         try:
             config = model.resolve(vocab_size, seq_len)
+            cost = model_cost(model.architecture, config, vocab_size, seq_len)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        cost = model_cost(model.architecture, config, vocab_size, seq_len)
         if self.train.flops_budget is None:
             return config, cost, self.steps
         tokens_per_step = self.train.global_batch * seq_len

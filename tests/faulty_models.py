@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rayb.models.baselines import gpt2
+from rayb.models import build_model
 
 
 class _NanAfter(torch.nn.Module):
@@ -24,5 +24,6 @@ class _NanAfter(torch.nn.Module):
 
 
 def nan_after(config: dict, vocab_size: int, seq_len: int) -> torch.nn.Module:
+    config = dict(config)
     nan_at = config.pop("nan_at")
-    return _NanAfter(gpt2(config, vocab_size, seq_len), nan_at)
+    return _NanAfter(build_model("gpt2", config, vocab_size, seq_len), nan_at)

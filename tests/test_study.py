@@ -23,6 +23,13 @@ def test_shipped_smoke_study_is_valid():
     assert study.steps == study.data.token_budget // (study.data.seq_len * study.train.global_batch)
 
 
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_study_is_valid(path):
+    study = load_study(path)
+    for model in study.models:  # every size resolves, every budget fits the data
+        study.model_steps(model, study.data.nominal_vocab)
+
+
 def test_defaults_and_normalisation():
     study = parse_study(tiny_study_dict(seeds=3))
     assert study.seeds == [0, 1, 2]
@@ -119,6 +126,7 @@ def test_cli_validate(tmp_path, monkeypatch):
     runner = CliRunner()
     ok = runner.invoke(app, ["validate", str(CONFIGS / "smoke.yaml")])
     assert ok.exit_code == 0 and "6 trials" in ok.output
+    assert "gpt2: gpt2" in ok.output and "1,071,872 parameters" in ok.output  # each model's counted size
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(_broken(("models", 1, "arch"), "gpt5")))

@@ -180,7 +180,9 @@ def mamba2_config(config: dict[str, Any], vocab_size: int, seq_len: int):
         num_heads=expand * d_model // head_dim,
         n_groups=config.pop("n_groups", 1),
         conv_kernel=config.pop("d_conv", 4),
-        chunk_size=config.pop("chunk_size", 256),
+        # The SSD chunk: 256 suits the CUDA kernel; PyTorch's chunked path on CPU is ~1.6× faster at 64
+        # (its intra-chunk work grows with the chunk). The function computed is the same either way.
+        chunk_size=config.pop("chunk_size", 256 if torch.cuda.is_available() else 64),
         tie_word_embeddings=config.pop("tie_word_embeddings", True),
         **config,
     )

@@ -21,8 +21,10 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def attention_heads(d_model: int) -> int:
-    """Shape rule for attention: 64-wide heads (GPT-2, Pythia, Llama), 32-wide when d is not a multiple of 64."""
-    return max(1, d_model // 64) if d_model % 64 == 0 else max(1, d_model // 32)
+    """Shape rule for attention: 64-wide heads (GPT-2, Pythia, Llama); 32- or 16-wide for widths that
+    are not multiples of 64 (tiny models)."""
+    head_dim = next(h for h in (64, 32, 16, 8, 4, 2, 1) if d_model % h == 0)
+    return max(1, d_model // head_dim)
 
 
 def swiglu_width(d_model: int) -> int:

@@ -86,9 +86,10 @@ def check_arch(arch: str) -> None:
 
 
 def configure(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int) -> Any:
+    spec = get_arch(arch)
     try:
-        return get_arch(arch).configure(dict(config), vocab_size, seq_len)
-    except TypeError as exc:  # unknown keyword in the study's model config
+        return spec.configure(dict(config), vocab_size, seq_len)
+    except Exception as exc:  # an unknown key, or a shape the architecture rejects (its config's own checks)
         raise ValueError(f"model '{arch}': bad config {config}: {exc}") from None
 
 
@@ -97,8 +98,10 @@ def build_model(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int
     cfg = configure(arch, config, vocab_size, seq_len)
     try:
         return spec.model(cfg)
-    except TypeError as exc:  # a user builder that rejects a keyword
-        raise ValueError(f"model '{arch}': bad config {config}: {exc}") from None
+    except Exception as exc:  # e.g. a user builder that rejects a keyword or a shape
+        raise ValueError(
+            f"model '{arch}' failed to build from {config}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _load_builtins() -> None:

@@ -2,7 +2,7 @@
 
 Every registered architecture has shape rules, `shape(d_model, n_layer) -> config` (heads, FFN width,
 state size follow from the two), and a closed-form cost. Parameters are affine in depth at a fixed
-width, so for each width (a multiple of 32) two cost evaluations give the depth that lands nearest the
+width (a multiple of 16, 32 or 64 as it grows) two cost evaluations give the depth that lands nearest the
 target; among the shapes within tolerance the one closest to the architecture's preferred
 width/depth ratio wins. Keys the caller pins (`fixed`, e.g. {"d_state": 16} or {"n_layer": 6}) stay.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rayb.models.accounting import Cost
-from rayb.models.registry import Architecture, get_arch
+from rayb.models.registry import Architecture, configure, get_arch
 
 By = Literal["total", "non-embedding"]
 MAX_WIDTH = 16384
@@ -102,7 +102,7 @@ def match(
             else ""
         )
         raise SizeError(
-            f"no {arch} shape under its shape rules (d_model a multiple of 32"
+            f"no {arch} shape under its shape rules (d_model a multiple of 16"
             f"{', fixed ' + str(fixed) if fixed else ''}) is within ±{tolerance:.0%} of {target:,} {by} "
             f"parameters{nearest}"
         )
@@ -117,8 +117,9 @@ def match(
 def _widths(fixed: dict[str, Any]) -> list[int]:
     if "d_model" in fixed:
         return [fixed["d_model"]]
-    # Multiples of 32 for small models; of 64 from 512 up, so heads stay 64 wide where it matters.
-    return [*range(32, 512, 32), *range(512, MAX_WIDTH + 1, 64)]
+    # Multiples of 16 for tiny models (enough shapes to hit ±2% at sensible depths), of 32 up to 512,
+    # then of 64, so heads stay 64 wide where it matters.
+    return [*range(32, 256, 16), *range(256, 512, 32), *range(512, MAX_WIDTH + 1, 64)]
 
 
 def _config(spec: Architecture, d: int, n_layer: int, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -127,11 +128,11 @@ def _config(spec: Architecture, d: int, n_layer: int, fixed: dict[str, Any]) -> 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _cost(arch: str, config: tuple, vocab_size: int, seq_len: int) -> Cost | None:
-    spec = get_arch(arch)
     try:
-        return spec.cost(spec.configure(dict(config), vocab_size, seq_len), seq_len)
-    except (ValueError, TypeError):  # a shape the architecture's own rules reject
+        cfg = configure(arch, dict(config), vocab_size, seq_len)
+    except ValueError:  # a shape the architecture's own rules reject
         return None
+    return get_arch(arch).cost(cfg, seq_len)
 
 
 def _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed) -> Match | None:
