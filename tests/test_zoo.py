@@ -49,6 +49,7 @@ SCALES = {  # the plans' named sizes: exact counts, pinned
     "gpt2-3.5m": 3_559_296, "gpt2-8m": 7_993_152, "gpt2-30m": 30_482_400, "gpt2-125m": 124_439_808,
     "llama-50m": 50_292_288, "llama-360m": 359_747_520, "llama-760m": 757_019_136,
     "mamba2-50m": 49_066_640, "mamba2-360m": 352_849_288, "mamba2-760m": 752_070_912,
+    "gated_deltanet-50m": 50_125_548, "gated_deltanet-360m": 366_809_940, "gated_deltanet-760m": 746_432_846,
     "pythia-d768-l12-32k": 134_208_000, "mamba-d768-l24-32k": 115_096_320,
 }  # fmt: skip
 

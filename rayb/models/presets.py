@@ -85,6 +85,12 @@ PRESETS: dict[str, Preset] = {
                360_000_000, "total", "Mamba-2 at ~360M"),
         _scale("mamba2-760m", "mamba2", {"d_model": 1536, "n_layer": 48}, LLAMA2_VOCAB, 2048,
                760_000_000, "total", "Mamba-2 at ~760M"),
+        _scale("gated_deltanet-50m", "gated_deltanet", {"d_model": 512, "n_layer": 9, "head_dim": 64, "n_head": 6},
+               LLAMA2_VOCAB, 2048, 50_000_000, "total", "Gated DeltaNet at ~50M"),
+        _scale("gated_deltanet-360m", "gated_deltanet", {"d_model": 1152, "n_layer": 18, "head_dim": 64, "n_head": 13},
+               LLAMA2_VOCAB, 2048, 360_000_000, "total", "Gated DeltaNet at ~360M"),
+        _scale("gated_deltanet-760m", "gated_deltanet", {"d_model": 1472, "n_layer": 23, "head_dim": 64, "n_head": 17},
+               LLAMA2_VOCAB, 2048, 760_000_000, "total", "Gated DeltaNet at ~760M"),
         # The neuromorphic plan's from-scratch baselines (32K vocabulary).
         _scale("pythia-d768-l12-32k", "pythia", {"d_model": 768, "n_layer": 12, "n_head": 12},
                LLAMA2_VOCAB, 2048, 134_200_000, "total", "Pythia-style D768 L12, 32K vocabulary (134.2M)"),
