@@ -123,7 +123,12 @@ def params(
     from rayb.models.presets import PRESETS
 
     if list_ or name is None:
-        console.print("architectures: " + ", ".join(available()))
+        from rayb.models.registry import get_arch
+
+        console.print("architectures:")
+        for arch in available():
+            console.print(f"  {arch:<22} {get_arch(arch).description}", highlight=False)
+        console.print("presets:")
         for p in PRESETS.values():
             console.print(f"  {p.name:<22} {p.arch:<8} {p.about}", highlight=False)
         return

@@ -23,8 +23,6 @@ from torch import nn
 if TYPE_CHECKING:
     from rayb.models.accounting import Cost
 
-Builder = Callable[[dict[str, Any], int, int], nn.Module]
-
 
 @dataclass(frozen=True)
 class Architecture:
