@@ -126,8 +126,8 @@ def llama_cost(cfg, seq_len: int) -> Cost:
 
 # ----- Mamba ----------------------------------------------------------------------------------------
 def mamba_config(config: dict[str, Any], vocab_size: int, seq_len: int):
-    """Mamba-1. Without the CUDA kernels, transformers' default fallback is a per-token Python loop;
-    the `mambapy` parallel scan is the same computation, several times faster on CPU."""
+    """Mamba-1. On CPU the mixers run rayb's fused scan (selective_scan.py); `use_mambapy` only
+    matters where that cannot run: cached generation, or a machine without a C++ compiler."""
     from transformers import MambaConfig
 
     return MambaConfig(
@@ -141,6 +141,13 @@ def mamba_config(config: dict[str, Any], vocab_size: int, seq_len: int):
         tie_word_embeddings=config.pop("tie_word_embeddings", True),
         **config,
     )
+
+
+def mamba_model(cfg):
+    """transformers' Mamba or Mamba-2 with rayb's faster CPU forward (mamba_cpu.py)."""
+    from rayb.models.mamba_cpu import use_cpu_mixers
+
+    return use_cpu_mixers(_hf_model(cfg))
 
 
 # The selective scan's elementwise work per token and channel: the Mamba paper's 9·B·L·D·N.
@@ -220,10 +227,10 @@ for _arch in (
                  description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary"),
     Architecture("llama", llama_config, _hf_model, llama_cost, _attention_shape,
                  description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU"),
-    Architecture("mamba", mamba_config, _hf_model, mamba_cost,
+    Architecture("mamba", mamba_config, mamba_model, mamba_cost,
                  lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0,
-                 description="Mamba-1 (transformers MambaForCausalLM; mambapy scan on CPU)"),
-    Architecture("mamba2", mamba2_config, _hf_model, mamba2_cost, _mamba2_shape, aspect=32.0,
-                 description="Mamba-2 (transformers Mamba2ForCausalLM; chunked SSD in PyTorch on CPU)"),
+                 description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)"),
+    Architecture("mamba2", mamba2_config, mamba_model, mamba2_cost, _mamba2_shape, aspect=32.0,
+                 description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)"),
 ):  # fmt: skip
     register(_arch)

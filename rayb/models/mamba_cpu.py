@@ -1,0 +1,177 @@
+"""Mamba and Mamba-2 on CPU at a usable speed, as transformers' own modules with a faster forward.
+
+Each mixer here is transformers' mixer with only its full-sequence, cache-free CPU path replaced, so
+parameter names, initialisation, checkpoints and cached generation stay transformers' own. Everything
+else (CUDA, where mamba-ssm is used when installed, and generation with a cache) goes to transformers'
+forward unchanged. Tests hold both paths to each other.
+
+**Mamba-1**: a fused selective scan, compiled on first use.
+
+Without mamba-ssm's CUDA kernels, transformers' Mamba falls back to a per-token Python loop, or to
+mambapy's parallel scan, which materialises several [batch, T, d_inner, d_state] tensors per layer and
+is still ~16× slower than GPT-2 at equal parameters. The scan itself is a tiny amount of arithmetic;
+it is slow only because of memory traffic. `csrc/selective_scan.cpp` keeps each channel's state in
+cache and walks the sequence once (the backward recomputes it), which is the same trick the CUDA
+kernel plays with shared memory.
+
+If the kernel cannot be compiled (no C++ compiler), a warning says so and transformers' path runs.
+
+**Mamba-2**: the chunked SSD written for CPU layouts. transformers' version repeats B and C for
+every head and computes C·Bᵀ once per head although heads of a group share it, and permutes between
+einsums; here heads are grouped by the B/C they read, so C·Bᵀ is computed once per group and every
+product is a plain batched matmul.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers.models.mamba.modeling_mamba import MambaMixer, apply_mask_to_padding_states
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
+
+
+@functools.cache
+def kernel():
+    """The compiled extension (cached per machine in ~/.cache/torch_extensions), or None."""
+    from torch.utils.cpp_extension import load
+
+    # AVX2+FMA is where the vectorised exp pays off; the build name keys the cache on it so machines
+    # sharing a home directory never load a build for instructions their CPU lacks.
+    vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    flags = ["-O3", "-ffast-math", "-fopenmp"] + (["-mavx2", "-mfma"] if vector else [])
+    try:
+        return load(
+            name="rayb_selective_scan" + ("_avx2" if vector else ""),
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as error:  # no compiler, no headers: slower, but still correct
+        warnings.warn(
+            f"rayb could not compile its CPU selective scan ({error}); Mamba falls back to "
+            "transformers' much slower scan",
+            stacklevel=2,
+        )
+        return None
+
+
+class SelectiveScan(torch.autograd.Function):
+    """y[b,d,t] = Σ_n C[b,t,n]·h[b,d,t,n], h_t = exp(δ_t·A)·h_{t−1} + δ_t·u_t·B_t, in float32.
+
+    u, delta: [batch, d_inner, T]; A: [d_inner, d_state]; B, C: [batch, T, d_state]."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C):
+        inputs = [x.float().contiguous() for x in (u, delta, A, B, C)]
+        ctx.save_for_backward(*inputs)
+        ctx.dtypes = [x.dtype for x in (u, delta, A, B, C)]
+        return kernel().forward(*inputs).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        grads = kernel().backward(*ctx.saved_tensors, grad_y.float().contiguous())
+        return tuple(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
+
+
+class FusedScanMambaMixer(MambaMixer):
+    """transformers' MambaMixer whose full-sequence CPU forward runs the fused scan."""
+
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        if cache_params is not None or hidden_states.device.type != "cpu" or kernel() is None:
+            return super().forward(hidden_states, cache_params, attention_mask, **kwargs)
+        seq_len, dtype = hidden_states.shape[1], hidden_states.dtype
+        hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
+        x, gate = self.in_proj(hidden_states).transpose(1, 2).chunk(2, dim=1)  # [batch, d_inner, T]
+        x = self.act(self.conv1d(x)[..., :seq_len])  # conv1d pads both sides: keep the causal part
+        x = apply_mask_to_padding_states(x.transpose(1, 2), attention_mask)  # [batch, T, d_inner]
+        time_step, B, C = torch.split(
+            self.x_proj(x), [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1
+        )
+        delta = F.softplus(self.dt_proj(time_step))  # dt_proj's bias is Mamba's delta bias
+        A = -torch.exp(self.A_log.float())
+        u = x.transpose(1, 2)
+        y = SelectiveScan.apply(u, delta.transpose(1, 2), A, B, C)
+        y = (y + u * self.D[:, None]) * F.silu(gate)  # transformers gates with SiLU whatever hidden_act is
+        return self.out_proj(y.transpose(1, 2).to(dtype))
+
+
+def _segment_sum(a: torch.Tensor) -> torch.Tensor:
+    """[..., l] -> [..., l, l]: entry (i, j) = a[j+1] + ... + a[i] for j ≤ i, −inf above the diagonal.
+    Masked cumulative sums rather than differences of one cumsum, which lose precision in float32."""
+    size = a.size(-1)
+    ones = torch.ones(size, size, dtype=torch.bool, device=a.device)
+    sums = a[..., None].expand(*a.shape, size).masked_fill(~ones.tril(-1), 0).cumsum(-2)
+    return sums.masked_fill(~ones.tril(), float("-inf"))
+
+
+def chunked_ssd(x, dt, A, B, C, chunk: int) -> torch.Tensor:
+    """Mamba-2's SSD, y_t = Σ_s≤t C_t·B_s·exp(Σ_(s,t] dt·A)·dt_s·x_s, in float32 chunks of `chunk`.
+
+    x [b,t,h,p]; dt [b,t,h] (after softplus); A [h]; B, C [b,t,g,n] with h a multiple of g.
+    Returns y [b,t,h,p] (without the D skip)."""
+    b, t, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    if pad := (-t) % chunk:
+        x, dt, B, C = (F.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for v in (x, dt, B, C))
+    c, r = (t + pad) // chunk, h // g
+    # Layout [b, g, r, c, l, ...]: heads grouped by the B/C group they read, chunks, positions.
+    x = (x * dt[..., None]).view(b, c, chunk, g, r, p).permute(0, 3, 4, 1, 2, 5)
+    a = (dt * A).view(b, c, chunk, g, r).permute(0, 3, 4, 1, 2)
+    B = B.view(b, c, chunk, g, n).permute(0, 3, 1, 2, 4)[:, :, None]
+    C = C.view(b, c, chunk, g, n).permute(0, 3, 1, 2, 4)[:, :, None]
+    decay = a.cumsum(-1)
+    y = ((C @ B.transpose(-1, -2)) * torch.exp(_segment_sum(a))) @ x  # within each chunk
+    chunk_states = (x * torch.exp(decay[..., -1:] - decay)[..., None]).transpose(-1, -2) @ B
+    # State entering chunk i: Σ_j<i chunk j's state decayed over chunks j+1..i−1 ([b,g,r,c,p,n]).
+    carried = torch.exp(_segment_sum(F.pad(decay[..., -1], (1, 0))))[..., :-1, 1:]
+    states = (carried @ chunk_states.flatten(-2)).view(chunk_states.shape)
+    y = y + (C @ states.transpose(-1, -2)) * torch.exp(decay)[..., None]  # from earlier chunks
+    return y.permute(0, 3, 4, 1, 2, 5).reshape(b, c * chunk, h, p)[:, :t]
+
+
+class ChunkedSSDMamba2Mixer(Mamba2Mixer):
+    """transformers' Mamba2Mixer whose full-sequence CPU forward runs `chunked_ssd`."""
+
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        if cache_params is not None or hidden_states.device.type != "cpu":
+            return super().forward(hidden_states, cache_params, attention_mask, **kwargs)
+        batch, seq_len, _ = hidden_states.shape
+        dtype = hidden_states.dtype
+        hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
+        gate, xBC, dt = self.in_proj(hidden_states).split(
+            [self.intermediate_size, self.conv_dim, self.num_heads], dim=-1
+        )
+        xBC = self.act(self.conv1d(xBC.transpose(1, 2))[..., :seq_len]).transpose(1, 2)
+        xBC = apply_mask_to_padding_states(xBC, attention_mask)
+        x, B, C = xBC.split([self.intermediate_size, *[self.n_groups * self.ssm_state_size] * 2], dim=-1)
+        dt = F.softplus(dt + self.dt_bias).clamp(*self.time_step_limit)
+        x = x.reshape(batch, seq_len, self.num_heads, self.head_dim)
+        group_shape = (batch, seq_len, self.n_groups, self.ssm_state_size)
+        y = chunked_ssd(
+            x,
+            dt,
+            -torch.exp(self.A_log.float()),
+            B.reshape(group_shape),
+            C.reshape(group_shape),
+            self.chunk_size,
+        )
+        y = (y + x * self.D[:, None]).reshape(batch, seq_len, -1)
+        return self.out_proj(self.norm(y, gate).to(dtype))
+
+
+_CPU_MIXERS = {MambaMixer: FusedScanMambaMixer, Mamba2Mixer: ChunkedSSDMamba2Mixer}
+
+
+def use_cpu_mixers(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every Mamba/Mamba-2 mixer in `model` its CPU forward; parameters are untouched."""
+    for module in model.modules():
+        if (cpu_mixer := _CPU_MIXERS.get(type(module))) is not None:
+            module.__class__ = cpu_mixer
+    return model
