@@ -166,3 +166,15 @@ def test_shape_gives_buildable_configs(d_model):
     model, cfg = on_meta(config)
     assert cfg.n_head * cfg.head_size == d_model
     assert model(torch.zeros(1, 3, dtype=torch.long, device="meta")).logits.shape == (1, 3, 1000)
+
+
+def test_time_mixing_parameters_are_not_weight_decayed():
+    from rayb.train.loop import param_groups
+
+    model = RWKV6LM(rwkv6.RWKV6Config(vocab_size=64, d_model=64, n_layer=2))
+    decayed, exempt = (set(map(id, g["params"])) for g in param_groups(model, 0.1))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {n for i, n in names.items() if i in decayed} >= {"blocks.0.att.key.weight", "head.weight"}
+    for name in ("blocks.1.att.time_faaaa", "blocks.0.att.time_maa_w1", "blocks.0.att.time_decay_w2"):
+        assert id(model.get_parameter(name)) in exempt and model.get_parameter(name).dim() >= 2
+    assert decayed.isdisjoint(exempt) and len(decayed | exempt) == len(names)

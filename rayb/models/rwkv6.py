@@ -12,8 +12,8 @@ delta rule with per-channel decay needs a WY-style kernel that only fla's Triton
 Parameters follow BlinkDL's RWKV-LM v6 (`RWKV_Tmix_x060`, `RWKV_CMix_x060`): same names, meaning and
 initial values, so on CUDA with fla installed the same weights run through fla's `chunk_rwkv6`, which
 takes r, k, v, log w and u exactly as computed here (with scale 1). One storage difference: per-channel
-vectors (time_maa_*, time_decay) are [d], not [1, 1, d], so rayb's optimizer keeps them out of weight
-decay as it does norms; an RWKV-LM checkpoint loads after flattening them.
+vectors (time_maa_*, time_decay) are [d], not [1, 1, d]; an RWKV-LM checkpoint loads after flattening
+them. As in RWKV-LM, no time_* parameter is weight-decayed (`RWKV6LM.no_weight_decay`).
 """
 
 from __future__ import annotations
@@ -248,6 +248,11 @@ class RWKV6LM(nn.Module):
             new_state.append(layer_state)
         logits = self.head(self.ln_out(x))
         return LMOutput(logits=logits, state=new_state if return_state else None)
+
+    def no_weight_decay(self) -> set[str]:
+        """RWKV-LM never decays its time-mixing parameters, the LoRA matrices and the [H, D] bonus
+        included (timm's hook, which rayb's optimizer honours)."""
+        return {name for name, _ in self.named_parameters() if ".time_" in name}
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.emb

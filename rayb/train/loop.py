@@ -49,7 +49,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
     params = count_params(model)
     optimizer = torch.optim.AdamW(
-        _param_groups(model, t["weight_decay"]), lr=trial.lr, betas=tuple(t["betas"]), eps=1e-8
+        param_groups(model, t["weight_decay"]), lr=trial.lr, betas=tuple(t["betas"]), eps=1e-8
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -143,12 +143,15 @@ def _deepspeed_config(t: dict[str, Any], accum: int) -> dict[str, Any]:
     }
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only (as in nanoGPT and most LM recipes); never biases, norms or scalars."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices only (as in nanoGPT and most LM recipes); never biases, norms or scalars, nor
+    what the model names in a `no_weight_decay()` method (timm's convention; RWKV-6 uses it)."""
+    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decayed = [p.dim() >= 2 and n not in exempt for n, p in named]
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for (_, p), d in zip(named, decayed, strict=True) if d], "weight_decay": weight_decay},
+        {"params": [p for (_, p), d in zip(named, decayed, strict=True) if not d], "weight_decay": 0.0},
     ]
 
 
