@@ -42,6 +42,7 @@ def validate(study_file: Path) -> None:
         f"{len(study.seeds)} seeds = {trials} trials, {study.steps} steps of "
         f"{study.train.global_batch}×{study.data.seq_len} tokens"
     )
+    console.print(f"  eval on every checkpoint: {', '.join(study.eval)}", highlight=False)
     vocab = study.data.nominal_vocab
     if vocab is None:
         console.print("(model sizes are resolved once the hub tokenizer is fetched)")
@@ -81,8 +82,10 @@ def run(
     console.print(format_table(outcome.verdict))
     for key, error in outcome.errors.items():
         console.print(f"[red]trial {key} failed[/red]: {escape(error)}", highlight=False)
+    for job, error in outcome.eval_errors.items():  # recorded in the table; the others' results stand
+        console.print(f"[yellow]evaluation {job} failed[/yellow]: {escape(error)}", highlight=False)
     console.print(
-        f"trained {outcome.trained} trials, evaluated {outcome.evaluated} in {outcome.wall_s:.0f}s; "
+        f"trained {outcome.trained} trials, ran {outcome.evaluated} evaluations in {outcome.wall_s:.0f}s; "
         f"report: {outcome.files['report']}"
     )
     if outcome.errors:

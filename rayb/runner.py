@@ -2,7 +2,7 @@
 
 Every step reads and writes hash-keyed paths under the output directory:
     cache/data/<data key>/            packed tokens + tokenizer (shared by studies with equal data)
-    trials/<model>-<trial key>/       metrics.jsonl, train_result.json, model/, eval_lm.json
+    trials/<model>-<trial key>/       metrics.jsonl, train_result.json, model/, eval/<suite>-<hash>.json
     studies/<name>-<study hash>/      results.parquet, results.json, report.md, loss_curves.png
 so a rerun (after a crash, or with one more model or seed) does only the work that is missing.
 """
@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from rayb.data.cache import TokenCache
-from rayb.eval.actors import EVAL_LM_FILE
+from rayb.eval.actors import read_result
+from rayb.eval.registry import parse_suite
 from rayb.files import read_json
 from rayb.study import Study, StudyError
 from rayb.train.loop import METRICS
@@ -33,9 +34,10 @@ class StudyOutcome:
     verdict: Any
     files: dict[str, Path]
     trained: int  # trials trained (or resumed) by this run
-    evaluated: int
+    evaluated: int  # (checkpoint × suite) evaluations run by this run
     wall_s: float
-    errors: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # trial key -> why it failed
+    eval_errors: dict[str, str] = field(default_factory=dict)  # "trial key × suite" -> why it failed
 
 
 def plan_trials(study: Study, cache: TokenCache, out: Path, cores: int) -> list[TrialSpec]:
@@ -72,7 +74,7 @@ def concurrency(study: Study, n_trials: int, cores: int) -> int:
 def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutcome:
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
-    from rayb.eval.actors import evaluate_trials
+    from rayb.eval.actors import evaluate, evaluation_jobs
     from rayb.report.study_report import build_verdict, write_report
     from rayb.tune.sweep import run_trials
 
@@ -96,9 +98,11 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     trained = [
         t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"
     ]
-    unevaluated = [t for t in trained if not (Path(t.trial_dir) / EVAL_LM_FILE).exists()]
-    log(f"evaluating {len(unevaluated)} checkpoints on eval actors ...")
-    errors |= evaluate_trials(unevaluated, num_actors=max(1, cores))
+    jobs = evaluation_jobs(trained, study.eval, study.eval_options)
+    log(f"evaluating: {len(jobs)} (checkpoint × suite) jobs on eval actors ...")
+    eval_errors = evaluate(
+        jobs, num_actors=max(1, cores), gpus_per_actor=0.25 if study.train.use_gpu else 0.0, log=log
+    )
 
     table = results_table(study, trials, errors)
     table.to_parquet(study_dir / "results.parquet", index=False)
@@ -108,7 +112,15 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     )
     files["table"] = study_dir / "results.parquet"
     return StudyOutcome(
-        study_dir, table, verdict, files, len(pending), len(unevaluated), time.perf_counter() - began, errors
+        study_dir,
+        table,
+        verdict,
+        files,
+        len(pending),
+        len(jobs),
+        time.perf_counter() - began,
+        errors,
+        {f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
     )
 
 
@@ -117,21 +129,41 @@ def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str])
     return pd.DataFrame([_row(study, t, errors.get(t.key)) for t in trials])
 
 
+def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each suite's metrics as `<suite>.<metric>` columns (the held-out `lm` suite's as val_*), its
+    version as `<suite>.version`; and {suite: error} for the suites that failed or have not run."""
+    columns, errors = {}, {}
+    for suite in study.eval:
+        benchmark, argument = parse_suite(suite)
+        result = read_result(trial_dir, suite, study.eval_options.get(benchmark.name, {}))
+        if result.get("status") != "ok":
+            errors[suite] = result.get("error", "not evaluated")
+            continue
+        metrics = dict(result["metrics"])
+        if suite == "lm":  # the study's own held-out data: the primary metric of every comparison
+            columns |= {f"extra.{name}": value for name, value in metrics.pop("extra", {}).items()}
+            columns |= {name: metrics[name] for name in ("val_loss", "val_ppl", "val_bpb")}
+        else:
+            columns |= {f"{suite}.{name}": value for name, value in metrics.items()}
+        columns[f"{suite}.version"] = result["version"]
+    return columns, errors
+
+
 def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
     trial_dir = Path(trial.trial_dir)
     train = read_json(trial_dir / TRAIN_DONE)
-    evaluation = read_json(trial_dir / EVAL_LM_FILE)
+    evaluation, eval_errors = _eval_columns(study, trial_dir)
     metrics = read_metrics(trial_dir / METRICS)
     curve = [r for r in metrics if r["kind"] == "train"]
     val_curve = [r for r in metrics if r["kind"] == "val"]
     status = train.get("status", "error")
-    if status == "ok" and not evaluation:
-        status = "error"
+    if status == "ok" and "lm" in eval_errors:
+        status, error = "error", error or f"lm: {eval_errors['lm']}"
     nan = math.nan
-    extra = {f"extra.{name}": value for name, value in evaluation.get("extra", {}).items()}
-    return extra | {
+    return evaluation | {
         "study": study.name, "model": trial.model, "arch": trial.arch, "lr": trial.lr, "seed": trial.seed,
         "trial_key": trial.key, "status": status, "error": error or "",
+        "eval_errors": json.dumps(eval_errors) if status == "ok" else "{}",
         "params_total": train.get("params_total", 0), "params_non_embedding": train.get("params_non_embedding", 0),
         "train_tokens": train.get("train_tokens", 0), "steps": train.get("steps", 0),
         "train_flops": train.get("train_flops", nan), "train_flops_per_token": trial.train_flops_per_token,

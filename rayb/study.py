@@ -253,9 +253,6 @@ class TrainSpec(_Strict):
         return self.precision
 
 
-EVAL_SUITES = ("lm",)
-
-
 class VerdictSpec(_Strict):
     reference: str | None = Field(default=None, description="model label the others are compared against")
 
@@ -267,7 +264,13 @@ class Study(_Strict):
     models: list[ModelSpec] = Field(min_length=1)
     train: TrainSpec = TrainSpec()
     seeds: list[int] = Field(default=[0, 1], min_length=1)
-    eval: list[str] = Field(default=["lm"], min_length=1)
+    eval: list[str] = Field(
+        default=["lm"], min_length=1,
+        description="suites to run on every checkpoint: lm, lm:CORPUS, lm_eval:TASK, statefulness, recall, long_context, speed",
+    )  # fmt: skip
+    eval_options: dict[str, dict[str, Any]] = Field(
+        default={}, description="per suite family, e.g. {recall: {kv_counts: [4, 8]}, speed: {repeats: 5}}"
+    )
     verdict: VerdictSpec = VerdictSpec()
     output_dir: str = "rayb_out"
 
@@ -287,9 +290,29 @@ class Study(_Strict):
     @field_validator("eval")
     @classmethod
     def _known_suites(cls, value: list[str]) -> list[str]:
-        unknown = [s for s in value if s not in EVAL_SUITES]
-        if unknown:
-            raise ValueError(f"unknown eval suite(s) {unknown}; available: {', '.join(EVAL_SUITES)}")
+        from rayb.eval.registry import parse_suite
+
+        for suite in value:
+            parse_suite(suite)
+        if len(set(value)) != len(value):
+            raise ValueError(f"eval suites must be distinct, got {value}")
+        return value
+
+    @field_validator("eval_options")
+    @classmethod
+    def _known_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from rayb.eval.registry import benchmarks, make_options
+
+        known = benchmarks()
+        for name, options in value.items():
+            if name not in known:
+                raise ValueError(
+                    f"eval_options names an unknown suite '{name}'; available: {', '.join(sorted(known))}"
+                )
+            try:
+                make_options(known[name], options)
+            except TypeError as exc:  # a wrong value type inside the options dataclass
+                raise ValueError(f"eval_options.{name}: {exc}") from None
         return value
 
     @field_validator("output_dir")

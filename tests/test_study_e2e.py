@@ -66,6 +66,46 @@ def test_rerun_trains_nothing(study_run):
     before = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")}
     result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(out)])
     assert result.exit_code == 0, result.output
-    assert "trained 0 trials, evaluated 0" in result.output
+    assert "trained 0 trials, ran 0 evaluations" in result.output
     assert {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")} == before
     assert len(pd.read_parquet(study_dir / "results.parquet")) == 4
+
+
+def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run, tmp_path):
+    """The same study with every eval suite: the trials are reused (their keys do not depend on the
+    evaluation), each (checkpoint × suite) runs on the eval actors, a broken suite is recorded with
+    its message without stopping the others, and a rerun retries only that one."""
+    out, study_file, _ = study_run
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Question: Who is the mayor of Velmora?\nAnswer: Dunak Orel.\n" * 20)
+    study = yaml.safe_load(study_file.read_text()) | {
+        "name": "tiny-evals",
+        "eval": ["lm", f"lm:{corpus}", "lm_eval:rayb_facts", "lm_eval:no_such_task", "statefulness",
+                 "recall", "long_context", "speed"],
+        "eval_options": {
+            "lm_eval": {"limit": 4, "rayb_task_docs": 4},
+            "statefulness": {"distances": [2], "examples": 2, "other_kinds_distance": 1},
+            "recall": {"kv_counts": [2], "mqar_lengths": [32], "mqar_examples": 4, "passkey_lengths": [64],
+                       "passkey_examples": 2},
+            "long_context": {"multiples": [1, 2], "max_windows": 2},
+            "speed": {"prefill_tokens": 32, "gen_tokens": 4, "lengths": [16, 32], "warmup": 0, "repeats": 1},
+        },
+    }  # fmt: skip
+    evals_file = tmp_path / "evals.yaml"
+    evals_file.write_text(yaml.safe_dump(study))
+    result = CliRunner().invoke(app, ["run", str(evals_file), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    # 4 checkpoints × 8 suites, less the 4 `lm` results the first study already has
+    assert "trained 0 trials, ran 28 evaluations" in result.output
+    assert "evaluation" in result.output and "no_such_task" in result.output  # reported, not fatal
+    table = pd.read_parquet(next((out / "studies").glob("tiny-evals-*")) / "results.parquet")
+    assert (table.status == "ok").all() and table.val_loss.notna().all()
+    for column in (f"lm:{corpus}.bpb", "lm_eval:rayb_facts.acc", "statefulness.recall_acc.d2",
+                   "recall.mqar_acc", "long_context.ppl@1x", "speed.gen_tokens_per_s", "speed.version"):  # fmt: skip
+        assert table[column].notna().all(), column
+    errors = [json.loads(e) for e in table.eval_errors]
+    assert all(list(e) == ["lm_eval:no_such_task"] for e in errors)
+    assert (table.model == "mamba").any() and table[table.model == "mamba"]["recall.mqar_acc"].notna().all()
+
+    rerun = CliRunner().invoke(app, ["run", str(evals_file), "--output", str(out)])
+    assert rerun.exit_code == 0 and "trained 0 trials, ran 4 evaluations" in rerun.output

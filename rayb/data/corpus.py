@@ -132,6 +132,12 @@ def _build_lexicon() -> dict[str, tuple[str, ...]]:
 _LEX = _build_lexicon()
 
 
+def lexicon(kind: str) -> tuple[str, ...]:
+    """The corpus's invented words of one kind (places, given, family, rivers, ...), so evaluation
+    probes can be written in the corpus's own vocabulary."""
+    return _LEX[kind]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Common vocabulary (a few hundred everyday words, used inside fixed templates)
 # ----------------------------------------------------------------------------------------------------------

@@ -1,64 +1,125 @@
 """Eval actors: a pool of Ray actors fans (checkpoint × benchmark) out in parallel.
 
-This is the only eval module that knows about Ray; the benchmarks themselves are plain functions.
-A failing evaluation is recorded with its message and does not stop the others.
+This is the only eval module that knows about Ray; benchmarks are plain functions (registry.py).
+Each job loads its checkpoint, runs one suite and writes `<trial>/eval/<suite>-<options hash>.json`
+with the benchmark's version, its metrics or its error, and its wall time. A failing benchmark is
+recorded with its message and does not stop the others; it is tried again on the next run, while
+finished results are never recomputed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayb.files import write_json_atomic
+from rayb.eval.registry import make_options, parse_suite, result_name
+from rayb.files import read_json, write_json_atomic
 from rayb.train.trial import TrialSpec
 
-EVAL_LM_FILE = "eval_lm.json"
+EVAL_DIR = "eval"
 
 
 @dataclass(frozen=True)
 class EvalJob:
     trial: TrialSpec
+    suite: str  # "lm", "lm:wikitext2", "lm_eval:hellaswag", ...
+    options: dict[str, Any]  # the study's eval_options for this suite's family
 
     @property
     def out(self) -> Path:
-        return Path(self.trial.trial_dir) / EVAL_LM_FILE
+        return result_path(Path(self.trial.trial_dir), self.suite, self.options)
 
 
-def _evaluate(job: EvalJob, threads: int) -> dict[str, Any]:
+def result_path(trial_dir: Path, suite: str, options: dict[str, Any]) -> Path:
+    """Keyed by suite, benchmark version and options, so a changed protocol never reuses old numbers."""
+    benchmark, _ = parse_suite(suite)
+    key = json.dumps([benchmark.version, options], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return trial_dir / EVAL_DIR / f"{result_name(suite)}-{digest}.json"
+
+
+def read_result(trial_dir: Path, suite: str, options: dict[str, Any]) -> dict[str, Any]:
+    return read_json(result_path(trial_dir, suite, options))
+
+
+def is_done(job: EvalJob) -> bool:
+    return read_json(job.out).get("status") == "ok"
+
+
+def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
+    """Load the checkpoint, run the suite, write its result file (ok or error); return the result."""
     import torch
 
     from rayb.data.cache import TokenCache
-    from rayb.eval.lm import evaluate_lm, load_trained
+    from rayb.data.tokenizer import load_tokenizer
+    from rayb.eval.lm import load_trained
+    from rayb.eval.registry import EvalContext
 
-    torch.set_num_threads(threads)
-    cache = TokenCache(Path(job.trial.cache_dir))
-    model = load_trained(
-        Path(job.trial.trial_dir) / "model", job.trial.arch, job.trial.model_config,
-        cache.manifest["vocab_size"], cache.seq_len,
-    )  # fmt: skip
-    metrics = evaluate_lm(model, cache)
-    write_json_atomic(job.out, metrics)
-    return metrics
+    benchmark, argument = parse_suite(job.suite)
+    result = {
+        "suite": job.suite,
+        "benchmark": benchmark.name,
+        "version": benchmark.version,
+        "options": job.options,
+    }
+    began = time.perf_counter()
+    try:
+        torch.set_num_threads(threads)
+        cache = TokenCache(Path(job.trial.cache_dir))
+        model = load_trained(
+            Path(job.trial.trial_dir) / "model", job.trial.arch, job.trial.model_config,
+            cache.manifest["vocab_size"], cache.seq_len,
+        ).eval()  # fmt: skip
+        if torch.cuda.is_available():
+            model = model.cuda()
+        ctx = EvalContext(model, load_tokenizer(cache.tokenizer_dir), cache, job.trial.seed)
+        metrics = benchmark.run(ctx, argument, make_options(benchmark, job.options))
+        result |= {"status": "ok", "metrics": metrics}
+    except Exception as exc:  # recorded per job; one broken benchmark must not stop the rest
+        result |= {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    result["wall_s"] = time.perf_counter() - began
+    job.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(job.out, result)
+    return result
 
 
-def evaluate_trials(trials: list[TrialSpec], num_actors: int, threads: int = 1) -> dict[str, str]:
-    """Evaluate every trial that has no result yet; return {trial key: error message} for failures."""
+def evaluation_jobs(trials: list[TrialSpec], suites: list[str], options: dict[str, dict]) -> list[EvalJob]:
+    """Every (trial × suite) without a finished result."""
+    jobs = [EvalJob(t, s, options.get(parse_suite(s)[0].name, {})) for t in trials for s in suites]
+    return [job for job in jobs if not is_done(job)]
+
+
+def evaluate(
+    jobs: list[EvalJob], num_actors: int, threads: int = 1, gpus_per_actor: float = 0.0,
+    log: Callable[[str], None] = print,
+) -> dict[tuple[str, str], str]:  # fmt: skip
+    """Run the jobs on a pool of eval actors; return {(trial key, suite): error} for the failures."""
     import ray
     from ray.util import ActorPool
 
-    jobs = [EvalJob(t) for t in trials if not EvalJob(t).out.exists()]
     if not jobs:
         return {}
-    actor = ray.remote(num_cpus=1)(_EvalActor)
+    actor = ray.remote(num_cpus=threads, num_gpus=gpus_per_actor)(_EvalActor)
     pool = ActorPool([actor.remote(threads) for _ in range(min(num_actors, len(jobs)))])
     for job in jobs:
         pool.submit(lambda a, j: a.run.remote(j), job)
     errors = {}
-    while pool.has_next():
-        key, error = pool.get_next_unordered()
-        if error:
-            errors[key] = error
+    for done in range(1, len(jobs) + 1):
+        key, suite, result = pool.get_next_unordered()
+        status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
+        log(f"  eval {done}/{len(jobs)}: {key} × {suite} in {result['wall_s']:.1f}s: {status}")
+        if result["status"] != "ok":
+            errors[(key, suite)] = result["error"]
     return errors
 
 
@@ -66,9 +127,10 @@ class _EvalActor:
     def __init__(self, threads: int):
         self.threads = threads
 
-    def run(self, job: EvalJob) -> tuple[str, str | None]:
-        try:
-            _evaluate(job, self.threads)
-            return job.trial.key, None
-        except Exception as exc:  # recorded per job; one broken checkpoint must not stop the rest
-            return job.trial.key, f"{type(exc).__name__}: {exc}"
+    def run(self, job: EvalJob) -> tuple[str, str, dict[str, Any]]:
+        result = run_job(job, self.threads)
+        return (
+            job.trial.key,
+            job.suite,
+            {k: result[k] for k in ("status", "wall_s")} | {"error": result.get("error", "")},
+        )

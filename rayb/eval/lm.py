@@ -1,13 +1,18 @@
-"""Language-modelling metrics on the study's held-out rows: loss, perplexity, bits per byte.
+"""Language modelling: loss, perplexity and bits per byte, on held-out rows or a named corpus.
 
-Bits per byte divides the summed negative log-likelihood by the UTF-8 bytes behind the scored tokens,
-so models with different tokenizers can be compared on the same text.
+`lm` scores the study's held-out rows (the packed validation split). `lm:CORPUS` scores a corpus
+(corpora.py) as one token stream with a sliding window: windows of `window` tokens (default: the
+trained context) advancing by `stride` (default: half a window), each token scored once with at
+least window − stride tokens of context. Bits per byte divides the summed negative log-likelihood by
+the UTF-8 bytes of the text, so models with different tokenizers compare on the same text.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rayb.data.cache import TokenCache
+from rayb.eval.corpora import check_corpus, load_corpus
+from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
+from rayb.eval.scoring import context_limit, sliding_window_nll
 
 
 def next_token_nll(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -62,3 +70,52 @@ def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_
     from rayb.models.checkpoint import load_weights
 
     return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)
+
+
+@dataclass
+class LMOptions:
+    window: int | None = None  # tokens of context per window; default the trained context
+    stride: int | None = None  # default window // 2
+    max_tokens: int | None = None  # score only the corpus's first tokens (None: all of it)
+    batch_size: int = 16  # held-out rows per forward pass
+
+    def validate(self) -> None:
+        if self.window is not None and self.window < 2:
+            raise ValueError("window must be at least 2 tokens")
+        if self.stride is not None and self.stride < 1:
+            raise ValueError("stride must be at least 1")
+
+
+def corpus_metrics(ctx: EvalContext, text: str, options: LMOptions) -> dict[str, Any]:
+    tokens = ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if options.max_tokens is not None:
+        tokens = tokens[: options.max_tokens]
+        text = ctx.tokenizer.decode(tokens)
+    window = options.window or ctx.seq_len
+    if (limit := context_limit(ctx.model)) is not None:
+        window = min(window, limit)
+    stride = options.stride or max(1, window // 2)
+    nll, count = sliding_window_nll(ctx.model, tokens, window, stride, ctx.tokenizer.eos_token_id)
+    return {
+        "loss": nll / count,
+        "ppl": math.exp(nll / count),
+        "bpb": nll / (math.log(2) * len(text.encode("utf-8"))),
+        "tokens": count,
+        "window": window,
+        "stride": stride,
+    }
+
+
+def run_lm(ctx: EvalContext, corpus: str | None, options: LMOptions) -> dict[str, Any]:
+    if corpus is None:
+        return evaluate_lm(ctx.model, ctx.cache, options.batch_size)
+    return corpus_metrics(ctx, load_corpus(corpus), options)
+
+
+register_benchmark(
+    Benchmark(
+        "lm", 1, run_lm, LMOptions,
+        "perplexity and bits per byte: held-out rows, or a named corpus with a sliding window",
+        argument="corpus name or text file", check_argument=check_corpus,
+    )
+)  # fmt: skip

@@ -25,6 +25,12 @@ product is a plain batched matmul.
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -38,20 +44,28 @@ SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
 
 @functools.cache
 def kernel():
-    """The compiled extension (cached per machine in ~/.cache/torch_extensions), or None."""
-    from torch.utils.cpp_extension import load
+    """The compiled extension, or None (with a warning) where it cannot be built.
 
-    # AVX2+FMA is where the vectorised exp pays off; the build name keys the cache on it so machines
-    # sharing a home directory never load a build for instructions their CPU lacks.
+    Builds are cached per source, flags, torch and Python under TORCH_EXTENSIONS_DIR/rayb. Each build
+    runs in its own scratch directory and is moved into place when complete, so concurrent workers
+    never wait on one another, and a worker killed mid-build (OOM, preemption) leaves no lock behind
+    for the next one to wait on forever, as torch's shared build directories do."""
+    # AVX2+FMA is where the vectorised exp pays off; it is part of the build key, so machines sharing
+    # a home directory never load a build for instructions their CPU lacks.
     vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     flags = ["-O3", "-ffast-math", "-fopenmp"] + (["-mavx2", "-mfma"] if vector else [])
+    name = "rayb_selective_scan"
     try:
-        return load(
-            name="rayb_selective_scan" + ("_avx2" if vector else ""),
-            sources=[str(SOURCE)],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-        )
+        key = hashlib.sha256(
+            SOURCE.read_bytes() + " ".join([*flags, torch.__version__, sys.version]).encode()
+        ).hexdigest()[:16]
+        built = _builds_dir() / f"{name}-{key}" / f"{name}.so"
+        if built.exists():
+            spec = importlib.util.spec_from_file_location(name, built)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        return _build(name, flags, built)
     except Exception as error:  # no compiler, no headers: slower, but still correct
         warnings.warn(
             f"rayb could not compile its CPU selective scan ({error}); Mamba falls back to "
@@ -59,6 +73,27 @@ def kernel():
             stacklevel=2,
         )
         return None
+
+
+def _builds_dir() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions")
+    return Path(root) / "rayb"
+
+
+def _build(name: str, flags: list[str], target: Path):
+    from torch.utils.cpp_extension import load
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix="build-"))
+    try:
+        module = load(
+            name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+            build_directory=str(scratch),
+        )  # fmt: skip
+        os.replace(scratch / f"{name}.so", target)  # atomic: readers see a whole library or none
+        return module
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class SelectiveScan(torch.autograd.Function):

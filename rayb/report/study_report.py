@@ -310,7 +310,59 @@ def _entropy_text(verdict: Verdict, unigram_entropy_nats: float) -> str:
     return f"Unigram entropy of the training tokens (the loss of a context-free model): {unigram_entropy_nats:.4f} nats/token; {status}"
 
 
-def render_markdown(verdict: Verdict, unigram_entropy_nats: float | None = None) -> str:
+MAX_BENCHMARK_COLUMNS = 10  # per suite table; results.parquet has them all
+
+
+def _suite_metrics(df: pd.DataFrame, suite: str) -> list[str]:
+    """A suite's scalar metric columns (lists, such as curves, stay in results.parquet)."""
+    prefix = f"{suite}."
+    return [
+        c for c in df.columns
+        if c.startswith(prefix) and c != f"{suite}.version" and pd.api.types.is_numeric_dtype(df[c])
+    ]  # fmt: skip
+
+
+def _fmt_seeds(values: np.ndarray) -> str:
+    if not finite_values(values).size:
+        return "–"
+    summary = summarize(values)
+    return f"{summary.mean:.4g}" + (f" ± {summary.std:.2g}" if summary.n > 1 else "")
+
+
+def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
+    """Markdown: one table per eval suite, each model at its selected learning rate, mean ± std over
+    seeds; then the evaluations that failed, with their messages."""
+    suites = [c.removesuffix(".version") for c in df.columns if c.endswith(".version")]
+    ok = df[df.status == "ok"]
+    parts = []
+    for suite in suites:
+        metrics = _suite_metrics(df, suite)[:MAX_BENCHMARK_COLUMNS]
+        version = ok[f"{suite}.version"].dropna()
+        rows = []
+        for row in verdict.rows:
+            seeds = ok[(ok.model == row.model) & (ok.lr == row.lr)]
+            rows.append([row.model, *(_fmt_seeds(seeds[m].to_numpy(float)) for m in metrics)])
+        if metrics:
+            title = f"### {suite} (v{int(version.iloc[0])})" if len(version) else f"### {suite}"
+            names = [m.removeprefix(f"{suite}.") for m in metrics]
+            parts += [title, "", _markdown_table(["model", *names], rows), ""]
+    failures = [
+        [r.model, str(r.seed), suite, error]
+        for r in ok.itertuples() for suite, error in json.loads(getattr(r, "eval_errors", "{}") or "{}").items()
+    ]  # fmt: skip
+    if failures:
+        parts += [
+            "### Failed evaluations",
+            "",
+            _markdown_table(("model", "seed", "suite", "error"), failures),
+            "",
+        ]
+    return ["## Benchmarks", "", *parts] if parts else []
+
+
+def render_markdown(
+    verdict: Verdict, unigram_entropy_nats: float | None = None, df: pd.DataFrame | None = None
+) -> str:
     """The full report.md text."""
     parts = [
         f"# Study report: {verdict.study}",
@@ -329,6 +381,8 @@ def render_markdown(verdict: Verdict, unigram_entropy_nats: float | None = None)
     if verdict.excluded:
         rows = [[e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"]] for e in verdict.excluded]
         parts += ["## Excluded trials", "", _markdown_table(("model", "lr", "seed", "status"), rows), ""]
+    if df is not None:
+        parts += benchmark_tables(verdict, df)
     parts += ["## Loss curves", "", f"![loss curves]({PLOT_NAME})", ""]
     return "\n".join(parts)
 
@@ -439,5 +493,5 @@ def write_report(
     plot = write_atomic(out_dir / PLOT_NAME, _plot_png(verdict, df, unigram_entropy_nats))
     payload = json.dumps(verdict_to_dict(verdict, unigram_entropy_nats), indent=2, allow_nan=False)
     js = write_atomic(out_dir / JSON_NAME, (payload + "\n").encode())
-    report = write_atomic(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats).encode())
+    report = write_atomic(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats, df).encode())
     return {"report": report, "json": js, "plot": plot}

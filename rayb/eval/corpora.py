@@ -1,0 +1,99 @@
+"""Named evaluation corpora (WikiText-2/103, Penn Treebank, a PG19 subset, enwik8) as plain text.
+
+`lm:NAME` evaluates on a corpus by name or by path. A path (.txt, .jsonl or .parquet with a `text`
+column) is read as is. A name is looked up in `corpora_dir()` (`$RAYB_CORPORA`, default
+~/.cache/rayb/corpora) as `NAME.txt`; when it is missing and the hub is reachable, the named dataset is
+downloaded once with `datasets` and written there, so later runs (and offline machines sharing the
+directory) read the local copy. Register more with `register_corpus`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class HubCorpus:
+    dataset: str
+    config: str | None
+    split: str
+    column: str
+    joiner: str = "\n"
+    max_rows: int | None = None  # a subset, e.g. PG19's first books
+
+
+CORPORA: dict[str, HubCorpus] = {}
+
+
+def register_corpus(name: str, corpus: HubCorpus) -> None:
+    CORPORA[name] = corpus
+
+
+register_corpus("wikitext2", HubCorpus("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "text", ""))
+register_corpus("wikitext103", HubCorpus("Salesforce/wikitext", "wikitext-103-raw-v1", "test", "text", ""))
+register_corpus("ptb", HubCorpus("ptb-text-only/ptb_text_only", None, "test", "sentence"))
+register_corpus("pg19", HubCorpus("deepmind/pg19", None, "test", "text", "\n\n", max_rows=10))
+register_corpus("enwik8", HubCorpus("LTCB/enwik8", None, "test", "text", "\n"))
+
+
+def corpora_dir() -> Path:
+    return Path(os.environ.get("RAYB_CORPORA", Path.home() / ".cache" / "rayb" / "corpora")).expanduser()
+
+
+def check_corpus(argument: str) -> None:
+    """Validation at study load: a path must exist; otherwise the name must be registered."""
+    looks_like_path = "/" in argument or "." in argument
+    if looks_like_path and not Path(argument).expanduser().exists():
+        raise ValueError(f"corpus file '{argument}' does not exist")
+    if not looks_like_path and argument not in CORPORA:
+        raise ValueError(
+            f"unknown corpus '{argument}'; use a file path or one of {', '.join(sorted(CORPORA))}"
+        )
+
+
+def load_corpus(argument: str) -> str:
+    path = Path(argument).expanduser()
+    if path.exists():
+        return read_text_file(path)
+    local = corpora_dir() / f"{argument}.txt"
+    if local.exists():
+        return local.read_text(encoding="utf-8")
+    if argument not in CORPORA:
+        raise ValueError(f"no corpus file or registered corpus named '{argument}'")
+    return fetch_corpus(argument)
+
+
+def fetch_corpus(name: str) -> str:
+    """Download a registered corpus from the hub and keep it in corpora_dir()."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        raise RuntimeError(
+            f"corpus '{name}' is not in {corpora_dir()} and the hub is switched off (HF_HUB_OFFLINE); "
+            f"fetch it on a machine with access, or put its text at {corpora_dir() / (name + '.txt')}"
+        )
+    from datasets import load_dataset
+
+    spec = CORPORA[name]
+    rows = load_dataset(spec.dataset, spec.config, split=spec.split)
+    if spec.max_rows is not None:
+        rows = rows.select(range(min(spec.max_rows, len(rows))))
+    text = spec.joiner.join(rows[spec.column])
+    target = corpora_dir() / f"{name}.txt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".txt.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(target)
+    return text
+
+
+def read_text_file(path: Path) -> str:
+    if path.suffix == ".parquet":
+        return "\n".join(pq.read_table(path, columns=["text"]).column("text").to_pylist())
+    if path.suffix == ".jsonl":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return "\n".join(json.loads(line)["text"] for line in lines if line.strip())
+    return path.read_text(encoding="utf-8")

@@ -1,0 +1,76 @@
+"""Token-by-token decoding with each architecture's own memory: a KV cache, a recurrent state, or none.
+
+* transformers models: their cache (`past_key_values`, or Mamba's `cache_params`), via `use_cache`.
+* rayb's recurrent models (and any model whose forward takes `state` and `return_state`): the state.
+* anything else (nanoGPT, a user's candidate without a cache): the whole prefix again for every
+  token; `Decoder.memory` says "recompute" so speed results are not mistaken for a cached path.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from rayb.eval.scoring import device_of
+
+
+class Decoder:
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.device = device_of(model)
+        params = inspect.signature(model.forward).parameters
+        if hasattr(model, "generation_config"):  # a transformers PreTrainedModel
+            self.memory = "cache"
+            self._cache_name = "cache_params" if "cache_params" in params else "past_key_values"
+        elif "state" in params and "return_state" in params:
+            self.memory = "state"
+        else:
+            self.memory = "recompute"
+        self._carry = None
+        self._ids: torch.Tensor | None = None
+        self._seen = 0
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Run a prompt [batch, T]; returns the logits of its last position [batch, vocab]."""
+        self._ids, self._seen = ids.to(self.device), ids.shape[1]
+        return self._forward(self._ids, first=True)
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row [batch]; returns the next logits [batch, vocab]."""
+        token = token.to(self.device)[:, None]
+        self._ids = torch.cat([self._ids, token], dim=1)
+        self._seen += 1
+        return self._forward(token, first=False)
+
+    def _forward(self, ids: torch.Tensor, first: bool) -> torch.Tensor:
+        if self.memory == "cache":
+            kwargs = {"use_cache": True}
+            if not first:  # Mamba's models call their cache `cache_params`, the others `past_key_values`
+                kwargs[self._cache_name] = self._carry
+                kwargs["cache_position"] = torch.tensor([self._seen - 1], device=self.device)
+            out = self.model(ids, **kwargs)
+            self._carry = getattr(out, self._cache_name)
+        elif self.memory == "state":
+            out = self.model(ids, state=None if first else self._carry, return_state=True)
+            self._carry = out.state
+        else:
+            out = self.model(self._ids)
+        return out.logits[:, -1].float()
+
+
+@torch.no_grad()
+def greedy(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy continuation through the decoder: (tokens [batch, new], logits [batch, new, vocab])."""
+    decoder = Decoder(model)
+    logits = decoder.prefill(prompt)
+    tokens, scores = [], []
+    for i in range(new_tokens):
+        scores.append(logits)
+        tokens.append(logits.argmax(-1))
+        if i + 1 < new_tokens:
+            logits = decoder.step(tokens[-1])
+    return torch.stack(tokens, 1), torch.stack(scores, 1)

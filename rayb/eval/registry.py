@@ -1,0 +1,101 @@
+"""The benchmark registry: every evaluation rayb runs is a named `Benchmark` (lm-eval's pattern).
+
+A study lists suites as `name` or `name:argument` (`lm`, `lm:wikitext2`, `lm_eval:hellaswag`) and may
+tune each family with `eval_options: {name: {...}}`, validated against the benchmark's options
+dataclass before anything runs. A benchmark is a plain function of an `EvalContext` (a loaded model,
+its tokenizer and the study's data), so it runs and is tested without Ray; eval actors (actors.py)
+only fan them out. Bump a benchmark's `version` whenever what it measures changes: the version is
+recorded with every result and is part of the result's file name, so old numbers are never reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from rayb.data.cache import TokenCache
+
+
+@dataclass
+class EvalContext:
+    model: nn.Module  # in eval mode; model(ids).logits
+    tokenizer: Any  # the study's PreTrainedTokenizerFast
+    cache: TokenCache  # the study's packed data (held-out rows in cache.val)
+    seed: int = 0  # the trial's seed, so generated probes differ across seeds but not across models
+
+    @property
+    def seq_len(self) -> int:
+        """The context length the model was trained at."""
+        return self.cache.seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cache.manifest["vocab_size"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    version: int
+    run: Callable[[EvalContext, str | None, Any], dict[str, Any]]  # (ctx, argument, options) -> metrics
+    options: type  # a dataclass of this family's knobs, all with defaults
+    description: str
+    argument: str | None = None  # what `name:argument` means, or None if the family takes none
+    argument_required: bool = False
+    check_argument: Callable[[str], None] | None = None  # raises ValueError for a bad argument
+
+
+_BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def register_benchmark(benchmark: Benchmark) -> Benchmark:
+    _BENCHMARKS[benchmark.name] = benchmark
+    return benchmark
+
+
+def benchmarks() -> dict[str, Benchmark]:
+    _load_builtins()
+    return dict(_BENCHMARKS)
+
+
+def _load_builtins() -> None:
+    from rayb.eval import harness, lm, long_context, probes, recall, speed  # noqa: F401  (they register)
+
+
+def parse_suite(suite: str) -> tuple[Benchmark, str | None]:
+    """`name[:argument]` -> (benchmark, argument); ValueError naming what is wrong."""
+    name, _, argument = suite.partition(":")
+    known = benchmarks()
+    if name not in known:
+        raise ValueError(f"unknown eval suite '{name}'; available: {', '.join(sorted(known))}")
+    benchmark = known[name]
+    if argument and benchmark.argument is None:
+        raise ValueError(f"eval suite '{name}' takes no argument (got '{suite}')")
+    if not argument and benchmark.argument_required:
+        raise ValueError(f"eval suite '{name}' needs an argument: '{name}:<{benchmark.argument}>'")
+    if argument and benchmark.check_argument is not None:
+        benchmark.check_argument(argument)
+    return benchmark, argument or None
+
+
+def make_options(benchmark: Benchmark, values: dict[str, Any] | None) -> Any:
+    """The benchmark's options dataclass from a study's `eval_options` entry; ValueError names the key."""
+    fields = {f.name: f for f in dataclasses.fields(benchmark.options)}
+    unknown = sorted(set(values or {}) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for eval suite '{benchmark.name}'; known: {', '.join(fields)}"
+        )
+    options = benchmark.options(**(values or {}))
+    if validate := getattr(options, "validate", None):
+        validate()
+    return options
+
+
+def result_name(suite: str) -> str:
+    """A file-system-safe name for a suite's results ('lm_eval:hellaswag' -> 'lm_eval-hellaswag')."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in suite.replace(":", "-"))

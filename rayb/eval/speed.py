@@ -1,0 +1,153 @@
+"""The speed and memory protocol, the same for every architecture, at batch 1.
+
+* prefill: wall time of one forward pass over `prefill_tokens` (1024) tokens;
+* generation: tokens/s over `gen_tokens` (256) greedy tokens after a short prompt, through the
+  architecture's own KV cache or recurrent state (decoding.Decoder; "recompute" where it has neither);
+* peak memory of each: the CUDA allocator's peak on GPU; on CPU the process's resident set, sampled
+  every millisecond, above what it was before the measurement;
+* scaling: forward time and memory at context lengths 256 → 2048 (doubling), with the fitted growth
+  exponent (slope of log time against log length: ≈1 linear, ≈2 quadratic).
+
+Each number is the median of `repeats` runs after `warmup` unmeasured ones; the output records the
+protocol (lengths, repeats, warm-ups, threads, device). Lengths beyond a model's position table are
+skipped and the output says so.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayb.eval.decoding import Decoder
+from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
+from rayb.eval.scoring import context_limit, device_of
+
+
+@dataclass
+class SpeedOptions:
+    prefill_tokens: int = 1024
+    gen_tokens: int = 256
+    prompt_tokens: int = 16
+    lengths: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    warmup: int = 1
+    repeats: int = 3
+
+    def validate(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError("repeats must be ≥ 1 and warmup ≥ 0")
+        if len(self.lengths) < 2 or sorted(self.lengths) != self.lengths:
+            raise ValueError("lengths must be at least two increasing context lengths")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """Peak memory above the starting point while the block runs (CUDA allocator, or sampled RSS)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak = device, 0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.base, self.highest, self.running = _rss_bytes(), _rss_bytes(), True
+            self.sampler = threading.Thread(target=self._sample, daemon=True)
+            self.sampler.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.highest = max(self.highest, _rss_bytes())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            self.running = False
+            self.sampler.join()
+            self.peak = max(self.highest, _rss_bytes()) - self.base
+
+
+def measure(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int]:
+    """(median seconds, median peak bytes) of `fn` after `warmup` unmeasured calls."""
+    for _ in range(warmup):
+        fn()
+    times, peaks = [], []
+    for _ in range(repeats):
+        with PeakMemory(device) as memory:
+            began = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - began)
+        peaks.append(memory.peak)
+    return statistics.median(times), int(statistics.median(peaks))
+
+
+def growth_exponent(lengths: list[int], values: list[float]) -> float:
+    """Slope of log(value) against log(length): ≈1 for linear growth, ≈2 for quadratic."""
+    if len(lengths) < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(lengths), np.log(values), 1)[0])
+
+
+@torch.no_grad()
+def run_speed(ctx: EvalContext, _: str | None, options: SpeedOptions) -> dict[str, Any]:
+    model, device = ctx.model, device_of(ctx.model)
+    limit = context_limit(model)
+    generator = torch.Generator().manual_seed(ctx.seed)
+    random_ids = lambda n: torch.randint(0, ctx.vocab_size, (1, n), generator=generator).to(device)  # noqa: E731
+    runs = {"warmup": options.warmup, "repeats": options.repeats}
+
+    prefill = min(options.prefill_tokens, limit or options.prefill_tokens)
+    ids = random_ids(prefill)
+    prefill_s, prefill_peak = measure(lambda: model(ids), device, **runs)
+
+    prompt = random_ids(options.prompt_tokens)
+    gen_tokens = min(options.gen_tokens, (limit or 1 << 30) - options.prompt_tokens)
+    decoder = Decoder(model)
+
+    def generate():
+        logits = decoder.prefill(prompt)
+        for _ in range(gen_tokens):
+            logits = decoder.step(logits.argmax(-1))
+
+    gen_s, gen_peak = measure(generate, device, **runs)
+
+    lengths = [n for n in options.lengths if limit is None or n <= limit]
+    scaling = [measure(lambda n=n: model(random_ids(n)), device, **runs) for n in lengths]
+    times, peaks = [t for t, _ in scaling], [max(p, 1) for _, p in scaling]
+    return {
+        "prefill_tokens": prefill, "prefill_s": prefill_s, "prefill_tokens_per_s": prefill / prefill_s,
+        "prefill_peak_bytes": prefill_peak,
+        "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / gen_s, "gen_peak_bytes": gen_peak,
+        "decoding_memory": decoder.memory,
+        "scaling_lengths": lengths, "scaling_s": times, "scaling_peak_bytes": peaks,
+        "time_exponent": growth_exponent(lengths, times), "memory_exponent": growth_exponent(lengths, peaks),
+        "skipped_lengths": [n for n in options.lengths if n not in lengths],
+        "device": str(device), "threads": torch.get_num_threads(), **runs,
+    }  # fmt: skip
+
+
+register_benchmark(
+    Benchmark(
+        "speed", 1, run_speed, SpeedOptions,
+        "prefill time, generation tokens/s, peak memory, and their growth with context length",
+    )
+)  # fmt: skip

@@ -1,0 +1,176 @@
+"""Every benchmark family on tiny models, without Ray: each test can tell a good model from a bad one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from oracles import InductionOracle
+
+from rayb.data.corpus import generate_document
+from rayb.data.tokenizer import load_tokenizer
+from rayb.eval.decoding import Decoder, greedy
+from rayb.eval.harness import LMEvalOptions, RaybLM, run_lm_eval
+from rayb.eval.lm import LMOptions, run_lm
+from rayb.eval.long_context import LongContextOptions, run_long_context
+from rayb.eval.probes import ProbeOptions, persistence, run_statefulness
+from rayb.eval.recall import RecallOptions, mqar_accuracy, run_recall
+from rayb.eval.registry import EvalContext, make_options, parse_suite
+from rayb.eval.scoring import sliding_window_nll
+from rayb.eval.speed import PeakMemory, SpeedOptions, growth_exponent, run_speed
+from rayb.models import build_model
+from rayb.models.registry import get_arch
+
+ZOO = ["gpt2", "nanogpt", "pythia", "llama", "mamba", "mamba2", "gated_deltanet", "rwkv6"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_cache):
+    return load_tokenizer(tiny_cache.tokenizer_dir)
+
+
+def tiny(arch: str, cache, **config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    shape = get_arch(arch).shape(32, 2) | config
+    return build_model(arch, shape, cache.manifest["vocab_size"], cache.seq_len).eval()
+
+
+def context(model, cache, tokenizer) -> EvalContext:
+    return EvalContext(model, tokenizer, cache)
+
+
+def test_rayb_perplexity_agrees_with_lm_eval_loglikelihood_rolling(tiny_cache, tokenizer):
+    model, window = tiny("llama", tiny_cache), 24
+    text = generate_document("edu", 99, 0) + "\n" + generate_document("web", 99, 1)
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(tokens) > 5 * window  # several windows, the last one partial
+    ours, count = sliding_window_nll(model, tokens, window, window, tokenizer.eos_token_id)
+    request = Instance("loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
+    (theirs,) = RaybLM(model, tokenizer, max_length=window).loglikelihood_rolling([request])
+    assert count == len(tokens)
+    assert abs(-theirs - ours) / count < 1e-4 and math.isclose(-theirs, ours, rel_tol=1e-4)
+
+
+def test_sliding_window_on_a_corpus_file(tiny_cache, tokenizer, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(generate_document("edu", 7, i) for i in range(3)))
+    ctx = context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer)  # learned positions: 32 at most
+    wide = run_lm(ctx, str(corpus), make_options(parse_suite("lm")[0], {"window": 64}))
+    assert (wide["window"], wide["stride"]) == (32, 16)  # capped at the position table
+    tokens = len(tokenizer(corpus.read_text(), add_special_tokens=False)["input_ids"])
+    assert wide["tokens"] == tokens and wide["ppl"] == pytest.approx(math.exp(wide["loss"]))
+    assert wide["bpb"] == pytest.approx(wide["loss"] * tokens / math.log(2) / len(corpus.read_bytes()))
+    disjoint = run_lm(ctx, str(corpus), LMOptions(window=32, stride=32))
+    assert disjoint["loss"] != wide["loss"]  # the stride changes what context each token gets
+    with pytest.raises(ValueError, match="unknown corpus"):
+        parse_suite("lm:no-such-corpus")
+
+
+def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer):
+    ctx = context(tiny("mamba2", tiny_cache), tiny_cache, tokenizer)
+    metrics = run_lm_eval(ctx, "rayb_facts", LMEvalOptions(limit=12, rayb_task_docs=12))
+    assert metrics["sample_len"] == 12 and 0 <= metrics["acc"] <= 1 and metrics["task_version"] == "1"
+
+
+def test_mqar_and_passkey_separate_a_perfect_recaller_from_an_untrained_model(tiny_cache, tokenizer):
+    options = RecallOptions(
+        kv_counts=[4, 8], mqar_lengths=[64], mqar_examples=8, passkey_lengths=[200], passkey_examples=5
+    )
+    oracle = run_recall(
+        context(InductionOracle(tiny_cache.manifest["vocab_size"]), tiny_cache, tokenizer), None, options
+    )
+    untrained = run_recall(context(tiny("llama", tiny_cache), tiny_cache, tokenizer), None, options)
+    assert oracle["mqar_acc.kv4.len64"] == oracle["mqar_acc.kv8.len64"] == 1.0
+    assert untrained["mqar_acc"] < 0.1  # chance is about 2/vocabulary
+    assert oracle["passkey_acc.len200"] == 1.0 and untrained["passkey_acc.len200"] <= 0.6
+    gpt2 = run_recall(context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer), None, options)
+    assert (
+        gpt2["passkey_skipped_lengths"] == [200] and "mqar_acc.kv4.len64" not in gpt2
+    )  # beyond 32 positions
+
+
+def test_mqar_accuracy_counts_only_queried_positions():
+    class Echo(torch.nn.Module):  # always predicts the token it sees: right nowhere
+        def forward(self, ids):
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(ids, 64).float()})
+
+    assert mqar_accuracy(Echo(), 4, 32, 64, 4, seed=0) == 0.0
+    assert mqar_accuracy(InductionOracle(64), 4, 32, 64, 4, seed=0) == 1.0
+
+
+def test_statefulness_probes(tiny_cache, tokenizer):
+    options = ProbeOptions(distances=[2, 6], examples=8, other_kinds_distance=2)
+    oracle = run_statefulness(
+        context(InductionOracle(tiny_cache.manifest["vocab_size"]), tiny_cache, tokenizer), None, options
+    )
+    untrained = run_statefulness(context(tiny("rwkv6", tiny_cache), tiny_cache, tokenizer), None, options)
+    assert oracle["recall_acc.d2"] >= 0.9 and oracle["recall_acc.d6"] >= 0.9
+    assert oracle["state_persistence"] == 6 and 0 <= oracle["persona_acc"] <= 1
+    assert untrained["accuracy"] < 0.6 and untrained["state_persistence"] < 6
+    assert persistence({5: 0.9, 10: 0.4, 20: 0.8}, 0.5) == 5 and persistence({5: 0.3}, 0.5) == 0
+
+
+def test_long_context_curve(tiny_cache, tokenizer):
+    options = LongContextOptions(multiples=[1, 2, 4], buckets=4, max_windows=2)
+    recurrent = run_long_context(
+        context(tiny("gated_deltanet", tiny_cache), tiny_cache, tokenizer), None, options
+    )
+    assert recurrent["multiples"] == [1, 2, 4] and len(recurrent["loss_by_position@4x"]) == 4
+    assert all(math.isfinite(recurrent[f"ppl@{m}x"]) for m in (1, 2, 4))
+    assert recurrent["useful_context_tokens"] == recurrent["useful_context_multiple"] * tiny_cache.seq_len
+    learned_positions = run_long_context(
+        context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer), None, options
+    )
+    assert learned_positions["multiples"] == [1] and learned_positions["skipped_multiples"] == [2, 4]
+    with pytest.raises(ValueError, match="multiples must include 1"):
+        make_options(parse_suite("long_context")[0], {"multiples": [2, 4]})
+
+
+def test_speed_protocol(tiny_cache, tokenizer):
+    options = SpeedOptions(prefill_tokens=64, gen_tokens=8, lengths=[16, 32, 64], warmup=0, repeats=1)
+    recurrent = run_speed(context(tiny("rwkv6", tiny_cache), tiny_cache, tokenizer), None, options)
+    assert recurrent["decoding_memory"] == "state" and recurrent["gen_tokens"] == 8
+    assert recurrent["scaling_lengths"] == [16, 32, 64] and math.isfinite(recurrent["time_exponent"])
+    gpt2 = run_speed(context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer), None, options)
+    assert (
+        gpt2["prefill_tokens"] == 32
+        and gpt2["skipped_lengths"] == [64]
+        and gpt2["decoding_memory"] == "cache"
+    )
+    assert growth_exponent([256, 512, 1024], [1.0, 2.0, 4.0]) == pytest.approx(1.0)
+    assert growth_exponent([256, 512, 1024], [1.0, 4.0, 16.0]) == pytest.approx(2.0)
+
+
+def test_peak_memory_sees_a_cpu_allocation():
+    with PeakMemory(torch.device("cpu")) as memory:
+        block = torch.ones(40_000_000)  # 160 MB
+        del block
+    assert memory.peak > 120e6
+
+
+@pytest.mark.parametrize("arch", ZOO)
+def test_cached_or_recurrent_generation_matches_full_sequence_logits(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, get_arch(arch).shape(64, 2), 256, 128).eval()
+    prompt = torch.randint(0, 256, (2, 20))
+    tokens, scores = greedy(model, prompt, 8)
+    with torch.no_grad():
+        full = model(torch.cat([prompt, tokens], 1)).logits[:, prompt.shape[1] - 1 : -1]
+    torch.testing.assert_close(scores, full.float(), rtol=1e-4, atol=1e-4)
+    expected = {"nanogpt": "recompute", "gated_deltanet": "state", "rwkv6": "state"}.get(arch, "cache")
+    assert Decoder(model).memory == expected
+
+
+def test_suite_and_option_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown eval suite 'perplexity'"):
+        parse_suite("perplexity")
+    with pytest.raises(ValueError, match="needs an argument"):
+        parse_suite("lm_eval")
+    with pytest.raises(ValueError, match="takes no argument"):
+        parse_suite("speed:fast")
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_suite("lm:/no/such/file.txt")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['repeat'\]"):
+        make_options(parse_suite("speed")[0], {"repeat": 3})
