@@ -112,16 +112,10 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     )
     files["table"] = study_dir / "results.parquet"
     return StudyOutcome(
-        study_dir,
-        table,
-        verdict,
-        files,
-        len(pending),
-        len(jobs),
-        time.perf_counter() - began,
-        errors,
-        {f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
-    )
+        study_dir, table, verdict, files, trained=len(pending), evaluated=len(jobs),
+        wall_s=time.perf_counter() - began, errors=errors,
+        eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
+    )  # fmt: skip
 
 
 def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -> pd.DataFrame:
@@ -134,7 +128,7 @@ def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[s
     version as `<suite>.version`; and {suite: error} for the suites that failed or have not run."""
     columns, errors = {}, {}
     for suite in study.eval:
-        benchmark, argument = parse_suite(suite)
+        benchmark, _ = parse_suite(suite)
         result = read_result(trial_dir, suite, study.eval_options.get(benchmark.name, {}))
         if result.get("status") != "ok":
             errors[suite] = result.get("error", "not evaluated")

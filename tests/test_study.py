@@ -67,7 +67,8 @@ def _broken(path: tuple, value):
         (("data", "token_budget"), 100, "less than one optimizer step"),
         (("data", "seq_len"), "long", "data.seq_len"),
         (("seeds",), [1, 1], "seeds: seeds must be distinct"),
-        (("eval",), ["lm", "vibes"], "unknown eval suite(s) ['vibes']"),
+        (("eval",), ["lm", "vibes"], "eval: unknown eval suite 'vibes'"),
+        (("eval_options",), {"speed": {"repeat": 3}}, "eval_options: unknown option(s) ['repeat']"),
         (("verdict",), {"reference": "gpt3"}, "verdict.reference 'gpt3' is not a model label"),
         (("trian",), {}, "trian: unknown field; remove it or check its spelling"),
         (

@@ -98,7 +98,11 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     # 4 checkpoints × 8 suites, less the 4 `lm` results the first study already has
     assert "trained 0 trials, ran 28 evaluations" in result.output
     assert "evaluation" in result.output and "no_such_task" in result.output  # reported, not fatal
-    table = pd.read_parquet(next((out / "studies").glob("tiny-evals-*")) / "results.parquet")
+    study_dir = next((out / "studies").glob("tiny-evals-*"))
+    table = pd.read_parquet(study_dir / "results.parquet")
+    report = (study_dir / "report.md").read_text()
+    assert "## Benchmarks" in report and "### recall (v1)" in report and "| mqar_acc" in report
+    assert "### Failed evaluations" in report and "lm_eval:no_such_task" in report
     assert (table.status == "ok").all() and table.val_loss.notna().all()
     for column in (f"lm:{corpus}.bpb", "lm_eval:rayb_facts.acc", "statefulness.recall_acc.d2",
                    "recall.mqar_acc", "long_context.ppl@1x", "speed.gen_tokens_per_s", "speed.version"):  # fmt: skip
