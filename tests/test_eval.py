@@ -133,6 +133,8 @@ def test_speed_protocol(tiny_cache, tokenizer):
     recurrent = run_speed(context(tiny("rwkv6", tiny_cache), tiny_cache, tokenizer), None, options)
     assert recurrent["decoding_memory"] == "state" and recurrent["gen_tokens"] == 8
     assert recurrent["scaling_lengths"] == [16, 32, 64] and math.isfinite(recurrent["time_exponent"])
+    assert recurrent["prefill_peak_bytes"] > 64 * 32 * 4  # at least one activation of the prompt
+    assert recurrent["scaling_peak_bytes"][-1] > recurrent["scaling_peak_bytes"][0]
     gpt2 = run_speed(context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer), None, options)
     assert (
         gpt2["prefill_tokens"] == 32

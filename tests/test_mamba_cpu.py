@@ -112,3 +112,13 @@ def test_without_a_compiler_mamba_warns_and_runs_transformers_scan(monkeypatch, 
         assert model(torch.randint(0, 64, (1, 16))).logits.isfinite().all()
     finally:
         mamba_cpu.kernel.cache_clear()
+
+
+@pytest.mark.parametrize(("arch", "config"), CONFIGS)
+def test_a_saved_model_loads_with_the_cpu_forward_and_scores_without_a_cache(arch, config, tmp_path):
+    from rayb.models.checkpoint import load_trained
+
+    build_model(arch, config, 256, 64).save_pretrained(tmp_path)
+    model = load_trained(tmp_path, arch, config, 256, 64).eval()
+    assert all(type(layer.mixer) in TRANSFORMERS_MIXER for layer in model.backbone.layers)
+    assert model(torch.randint(0, 256, (1, 20))).cache_params is None  # the fast path, not the cached one

@@ -58,8 +58,8 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
 
     from rayb.data.cache import TokenCache
     from rayb.data.tokenizer import load_tokenizer
-    from rayb.eval.lm import load_trained
     from rayb.eval.registry import EvalContext
+    from rayb.models.checkpoint import load_trained
 
     benchmark, argument = parse_suite(job.suite)
     result = {

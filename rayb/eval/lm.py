@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,19 +56,6 @@ def evaluate_lm(model: nn.Module, cache: TokenCache, batch_size: int = 16) -> di
         "val_tokens": tokens,
         "extra": extra_metrics() if extra_metrics else {},
     }
-
-
-def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_len: int) -> nn.Module:
-    """Load a trained model from its safetensors directory (HF `save_pretrained` or rayb's own)."""
-    model_dir = Path(model_dir)
-    if (model_dir / "config.json").exists():
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)  # never unpickle
-    from rayb.models import build_model
-    from rayb.models.checkpoint import load_weights
-
-    return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)
 
 
 @dataclass

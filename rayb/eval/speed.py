@@ -3,8 +3,8 @@
 * prefill: wall time of one forward pass over `prefill_tokens` (1024) tokens;
 * generation: tokens/s over `gen_tokens` (256) greedy tokens after a short prompt, through the
   architecture's own KV cache or recurrent state (decoding.Decoder; "recompute" where it has neither);
-* peak memory of each: the CUDA allocator's peak on GPU; on CPU the process's resident set, sampled
-  every millisecond, above what it was before the measurement;
+* peak memory of each: the tensors' peak (the CUDA allocator's on GPU, PyTorch's allocations as
+  torch.profiler records them on CPU) above what was allocated before, and the process's peak RSS;
 * scaling: forward time and memory at context lengths 256 → 2048 (doubling), with the fitted growth
   exponent (slope of log time against log length: ≈1 linear, ≈2 quadratic).
 
@@ -53,25 +53,32 @@ def _rss_bytes() -> int:
 
 
 class PeakMemory:
-    """Peak memory above the starting point while the block runs (CUDA allocator, or sampled RSS)."""
+    """Peak memory of the tensors allocated while the block runs, above what was allocated before it:
+    the CUDA allocator's peak on GPU; on CPU, the running total of PyTorch's allocations and frees as
+    torch.profiler records them (the process RSS hides this: freed blocks are reused, not returned).
+    `rss` is the process's peak resident set during the block, sampled every millisecond."""
 
     def __init__(self, device: torch.device):
-        self.device, self.peak = device, 0
+        self.device, self.peak, self.rss = device, 0, 0
 
     def __enter__(self):
+        self.rss, self.sampling = _rss_bytes(), True
+        self.sampler = threading.Thread(target=self._sample, daemon=True)
+        self.sampler.start()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
         else:
-            self.base, self.highest, self.running = _rss_bytes(), _rss_bytes(), True
-            self.sampler = threading.Thread(target=self._sample, daemon=True)
-            self.sampler.start()
+            self.profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            self.profiler.__enter__()
         return self
 
     def _sample(self):
-        while self.running:
-            self.highest = max(self.highest, _rss_bytes())
+        while self.sampling:
+            self.rss = max(self.rss, _rss_bytes())
             time.sleep(0.001)
 
     def __exit__(self, *exc):
@@ -79,25 +86,32 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
-            self.running = False
-            self.sampler.join()
-            self.peak = max(self.highest, _rss_bytes()) - self.base
+            self.profiler.__exit__(*exc)
+            # Each op event carries the bytes it allocated net of what it freed; "[memory]" events are
+            # frees (and allocations) outside any op. In time order their running sum is the total.
+            total = 0
+            for event in sorted(self.profiler.events(), key=lambda e: e.time_range.start):
+                total += event.self_cpu_memory_usage
+                self.peak = max(self.peak, total)
+        self.sampling = False
+        self.sampler.join()
 
 
-def measure(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int]:
-    """(median seconds, median peak bytes) of `fn` after `warmup` unmeasured calls."""
+def measure(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int, int]:
+    """(median seconds, peak tensor bytes, peak process RSS bytes) of `fn` after `warmup` unmeasured
+    calls. Times come from unprofiled runs; memory from one more run, profiled on CPU."""
     for _ in range(warmup):
         fn()
-    times, peaks = [], []
+    times = []
     for _ in range(repeats):
-        with PeakMemory(device) as memory:
-            began = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - began)
-        peaks.append(memory.peak)
-    return statistics.median(times), int(statistics.median(peaks))
+        began = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - began)
+    with PeakMemory(device) as memory:
+        fn()
+    return statistics.median(times), memory.peak, memory.rss
 
 
 def growth_exponent(lengths: list[int], values: list[float]) -> float:
@@ -117,7 +131,7 @@ def run_speed(ctx: EvalContext, _: str | None, options: SpeedOptions) -> dict[st
 
     prefill = min(options.prefill_tokens, limit or options.prefill_tokens)
     ids = random_ids(prefill)
-    prefill_s, prefill_peak = measure(lambda: model(ids), device, **runs)
+    prefill_s, prefill_peak, prefill_rss = measure(lambda: model(ids), device, **runs)
 
     prompt = random_ids(options.prompt_tokens)
     gen_tokens = min(options.gen_tokens, (limit or 1 << 30) - options.prompt_tokens)
@@ -128,15 +142,16 @@ def run_speed(ctx: EvalContext, _: str | None, options: SpeedOptions) -> dict[st
         for _ in range(gen_tokens):
             logits = decoder.step(logits.argmax(-1))
 
-    gen_s, gen_peak = measure(generate, device, **runs)
+    gen_s, gen_peak, gen_rss = measure(generate, device, **runs)
 
     lengths = [n for n in options.lengths if limit is None or n <= limit]
     scaling = [measure(lambda n=n: model(random_ids(n)), device, **runs) for n in lengths]
-    times, peaks = [t for t, _ in scaling], [max(p, 1) for _, p in scaling]
+    times, peaks = [t for t, _, _ in scaling], [max(p, 1) for _, p, _ in scaling]
     return {
         "prefill_tokens": prefill, "prefill_s": prefill_s, "prefill_tokens_per_s": prefill / prefill_s,
-        "prefill_peak_bytes": prefill_peak,
+        "prefill_peak_bytes": prefill_peak, "prefill_peak_rss_bytes": prefill_rss,
         "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / gen_s, "gen_peak_bytes": gen_peak,
+        "gen_peak_rss_bytes": gen_rss,
         "decoding_memory": decoder.memory,
         "scaling_lengths": lengths, "scaling_s": times, "scaling_peak_bytes": peaks,
         "time_exponent": growth_exponent(lengths, times), "memory_exponent": growth_exponent(lengths, peaks),

@@ -40,3 +40,18 @@ def load_weights(model: nn.Module, model_dir: Path) -> nn.Module:
             f"{model_dir}: weights do not fit the model (missing {untied}, unexpected {unexpected})"
         )
     return model
+
+
+def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_len: int) -> nn.Module:
+    """A trained model from its safetensors directory: transformers' `save_pretrained` layout (built
+    as `build_model` builds it, CPU paths included) or rayb's own weights file."""
+    from rayb.models.registry import build_model
+
+    model_dir = Path(model_dir)
+    if (model_dir / "config.json").exists():
+        from transformers import AutoModelForCausalLM
+
+        from rayb.models.mamba_cpu import use_cpu_mixers
+
+        return use_cpu_mixers(AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True))
+    return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)

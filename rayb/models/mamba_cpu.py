@@ -205,8 +205,14 @@ _CPU_MIXERS = {MambaMixer: FusedScanMambaMixer, Mamba2Mixer: ChunkedSSDMamba2Mix
 
 
 def use_cpu_mixers(model: torch.nn.Module) -> torch.nn.Module:
-    """Give every Mamba/Mamba-2 mixer in `model` its CPU forward; parameters are untouched."""
-    for module in model.modules():
-        if (cpu_mixer := _CPU_MIXERS.get(type(module))) is not None:
-            module.__class__ = cpu_mixer
+    """Give every Mamba/Mamba-2 mixer in `model` its CPU forward; parameters are untouched.
+
+    Such a model also stops building a cache by default: in eval mode transformers would otherwise
+    create one on every forward and take its slow cached path for plain scoring. Generation asks for
+    the cache explicitly (`use_cache=True`) and gets transformers' recurrent step as before."""
+    mixers = [m for m in model.modules() if type(m) in _CPU_MIXERS]
+    for module in mixers:
+        module.__class__ = _CPU_MIXERS[type(module)]
+    if mixers:
+        model.config.use_cache = False
     return model
