@@ -211,5 +211,59 @@ def match(
         raise typer.Exit(code=1)
 
 
+def _fraction(text: str, option: str) -> float:
+    """'5%' or '0.05' -> 0.05."""
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        _fail(option, f"'{text}' is not a fraction (e.g. 5% or 0.05)")
+
+
+@app.command()
+def power(
+    study_dir: Annotated[Path | None, typer.Argument(help="a study directory (its results.parquet)")] = None,
+    diff: Annotated[str, typer.Option("--diff", help="relative difference to detect, e.g. 5%")] = "5%",
+    target: Annotated[float, typer.Option("--power", help="probability of detecting it")] = 0.8,
+    alpha: Annotated[float, typer.Option("--alpha", help="two-sided significance level")] = 0.05,
+    metric: Annotated[str, typer.Option("--metric")] = "val_loss",
+    std: Annotated[float | None, typer.Option("--std", help="seed-to-seed std, without a study")] = None,
+    mean: Annotated[float | None, typer.Option("--mean", help="the metric's mean, with --std")] = None,
+) -> None:
+    """Seeds per model needed to detect a relative difference, from a study's (or a pilot's) spread."""
+    import pandas as pd
+
+    from rayb.analysis.stats import best_by, finite_values, seeds_needed
+
+    relative = _fraction(diff, "--diff")
+    if study_dir is None:
+        if std is None or mean is None:
+            _fail("study_dir", "give a study directory, or --std and --mean from a pilot")
+        needed = seeds_needed(std, relative * mean, target, alpha)
+        console.print(f"{needed or 'more than 10,000'} seeds per model detect a {relative:.1%} difference "
+                      f"(std {std:.3g}, mean {mean:.4g}) with power {target:.0%} at α = {alpha:g}")  # fmt: skip
+        return
+    results = study_dir / "results.parquet"
+    if not results.exists():
+        _fail(
+            "study_dir", f"{results} does not exist; give a study directory (rayb_out/studies/<name>-<hash>)"
+        )
+    table = best_by(pd.read_parquet(results), "model", "lr", metric)
+    out = Table(
+        title=f"seeds to detect a {relative:.1%} difference in {metric} (power {target:.0%}, α {alpha:g})"
+    )
+    for column in ("model", "seeds run", "mean", "std", "seeds needed", "enough?"):
+        out.add_column(column, justify="left" if column == "model" else "right")
+    for model, rows in table.groupby("model", sort=False):
+        values = finite_values(rows[metric].to_numpy(float))
+        if values.size < 2:
+            out.add_row(str(model), str(values.size), "", "", "needs ≥ 2 seeds to measure spread", "")
+            continue
+        needed = seeds_needed(float(values.std(ddof=1)), relative * float(values.mean()), target, alpha)
+        enough = needed is not None and values.size >= needed
+        out.add_row(str(model), str(values.size), f"{values.mean():.4g}", f"{values.std(ddof=1):.3g}",
+                    str(needed or "> 10,000"), "yes" if enough else "[red]no[/red]")  # fmt: skip
+    console.print(out)
+
+
 if __name__ == "__main__":
     app()

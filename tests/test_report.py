@@ -108,6 +108,8 @@ def test_write_report(results, tmp_path):
     assert all(m in md for m in MODELS)
     assert "Excluded trials" in md and "diverged" in md
     assert "**mamba** beats **gpt**" in md
+    assert "Mann–Whitney p = " in md and "bootstrap 95% CI of Δ" in md and "Holm-adjusted p = " in md
+    assert {"mann_whitney_p", "delta_ci_low", "p_holm"} <= set(data["comparisons"][0])
     assert "unigram entropy" in md.lower()
     assert "![loss curves](loss_curves.png)" in md
 

@@ -102,3 +102,63 @@ def test_best_by_picks_lowest_mean_and_drops_non_ok():
     assert list(chosen["b"]) == [1e-3]
     assert (best["status"] == "ok").all()
     assert len(best) == 6
+
+
+def test_mann_whitney_and_bootstrap_match_scipy():
+    from rayb.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+
+    c = compare("ref", REF, "cand", CAND, "val_loss")
+    assert c.mann_whitney_p == pytest.approx(sps.mannwhitneyu(CAND, REF, alternative="two-sided").pvalue)
+    expected = sps.bootstrap(
+        (np.asarray(CAND), np.asarray(REF)), lambda a, b, axis: a.mean(axis) - b.mean(axis), vectorized=True,
+        paired=False, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED),
+    ).confidence_interval  # fmt: skip
+    assert (c.delta_ci_low, c.delta_ci_high) == pytest.approx((expected.low, expected.high))
+    assert c.delta_ci_low < c.delta < c.delta_ci_high < 0  # the candidate is clearly lower
+    single = compare("ref", REF, "cand", [2.9], "val_loss")
+    assert math.isnan(single.mann_whitney_p) and math.isnan(single.delta_ci_low)
+
+
+def test_holm_correction():
+    from rayb.analysis.stats import holm, with_holm
+
+    # sorted 0.01, 0.03, 0.04 -> ×3, ×2, ×1 = 0.03, 0.06, 0.04 -> step-down maximum 0.03, 0.06, 0.06
+    assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+    with_nan = holm([0.01, math.nan, 0.04])  # a NaN is not a test: two tests, ×2 and ×1
+    assert with_nan[0] == pytest.approx(0.02) and math.isnan(with_nan[1]) and with_nan[2] == pytest.approx(0.04)
+    assert holm([0.4, 0.6]) == pytest.approx([0.8, 0.8]) and holm([0.7, 0.9]) == [1.0, 1.0]
+    comps = [
+        compare("ref", REF, name, vals, "val_loss") for name, vals in (("a", CAND), ("b", [3.0, 3.2, 3.1]))
+    ]
+    adjusted = with_holm(comps)
+    assert [c.p_holm for c in adjusted] == pytest.approx(holm([c.p_value for c in comps]))
+    assert all(a.p_holm >= c.p_value for a, c in zip(adjusted, comps, strict=True))
+
+
+def test_power_and_seeds_needed():
+    from rayb.analysis.stats import power, seeds_needed
+
+    # The textbook figure: 64 per group detect d = 0.5 with 80% power at α = 0.05 (two-sided).
+    assert power(64, 0.5) == pytest.approx(0.80, abs=0.005)
+    assert seeds_needed(std=1.0, difference=0.5) == 64
+    assert power(63, 0.5) < 0.8 <= power(64, 0.5)
+    assert seeds_needed(std=0.05, difference=0.06) == 12 and seeds_needed(std=0.0, difference=0.1) == 2
+    assert seeds_needed(std=1.0, difference=0.0) is None and seeds_needed(std=1.0, difference=1e-4) is None
+
+
+def test_power_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayb.cli import app
+
+    runner = CliRunner()
+    pilot = runner.invoke(app, ["power", "--std", "0.05", "--mean", "3.0", "--diff", "2%"])
+    assert pilot.exit_code == 0 and pilot.output.startswith("12 seeds per model")
+    rows = [{"model": m, "lr": 1e-3, "seed": s, "status": "ok", "val_loss": v}
+            for m, vals in (("gpt2", REF), ("mamba", CAND)) for s, v in enumerate(vals)]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(tmp_path / "results.parquet")
+    study = runner.invoke(app, ["power", str(tmp_path), "--diff", "0.5%"])
+    assert study.exit_code == 0, study.output
+    assert "gpt2" in study.output and "mamba" in study.output
+    assert runner.invoke(app, ["power", str(tmp_path / "missing")]).exit_code == 2
+    assert runner.invoke(app, ["power", "--diff", "lots", "--std", "1", "--mean", "1"]).exit_code == 2

@@ -4,13 +4,16 @@ Every number here is computed over *seeds*: one value per trained model run. Tri
 produce NaN/inf losses; those are dropped here (the report layer records them as excluded) so a
 single divergence cannot poison a mean.
 
-Significance is judged two ways on purpose. The headline rule, |Δmean| > 2·√(σ_ref² + σ_cand²), is
-deliberately conservative and easy to read off a table; Welch's t-test p-value is reported beside it
-for readers who prefer a classical test. Both come from the same seed values.
+Significance is judged several ways on purpose. The headline rule, |Δmean| > 2·√(σ_ref² + σ_cand²), is
+deliberately conservative and easy to read off a table; beside it are Welch's t-test, the Mann–Whitney
+U test (no normality assumed), a bootstrap confidence interval of the difference of means, and Holm's
+correction when one reference is compared with several candidates. All come from the same seed values.
+`seeds_needed` turns a measured seed-to-seed spread into the seeds a given difference needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +26,10 @@ if TYPE_CHECKING:  # pandas is only needed by callers of best_by; keep this modu
     import pandas as pd
 
 CI_LEVEL = 0.95
-"""Two-sided confidence level of Summary.ci_low/ci_high."""
+"""Two-sided confidence level of Summary.ci_low/ci_high and of the bootstrap interval of Δ."""
+
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0  # the interval is part of a report: the same seeds give the same interval
 
 SIGMA_MULTIPLIER = 2.0
 """k in the significance rule |Δmean| > k·√(σ_ref² + σ_cand²)."""
@@ -52,9 +58,13 @@ class Comparison:
     delta: float
     rel_delta: float
     welch_t: float
-    p_value: float
+    p_value: float  # Welch
     significant: bool
     rule: str
+    mann_whitney_p: float = math.nan
+    delta_ci_low: float = math.nan  # bootstrap percentile interval of Δ
+    delta_ci_high: float = math.nan
+    p_holm: float = math.nan  # Welch p adjusted over every candidate compared on this metric
 
 
 def finite_values(values: Sequence[float]) -> np.ndarray:
@@ -93,6 +103,67 @@ def _welch(cand: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+def _mann_whitney(cand: np.ndarray, ref: np.ndarray) -> float:
+    """Two-sided Mann–Whitney U p-value; NaN when either side has fewer than two seeds."""
+    if cand.size < 2 or ref.size < 2:
+        return math.nan
+    return float(sps.mannwhitneyu(cand, ref, alternative="two-sided").pvalue)
+
+
+def bootstrap_delta_ci(cand: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(cand) − mean(ref), resampling each side's seeds
+    independently (BCa needs more seeds than studies have); NaN with fewer than two per side."""
+    if cand.size < 2 or ref.size < 2:
+        return math.nan, math.nan
+    result = sps.bootstrap(
+        (cand, ref), lambda c, r, axis: c.mean(axis=axis) - r.mean(axis=axis), vectorized=True,
+        paired=False, confidence_level=CI_LEVEL, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
+    )  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values (NaNs stay NaN and do not count as tests).
+    scipy has Benjamini–Hochberg (false_discovery_control) but not Holm's step-down."""
+    p = np.asarray(p_values, dtype=float)
+    tested = np.flatnonzero(np.isfinite(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    adjusted = np.full(p.shape, math.nan)
+    running = 0.0
+    for rank, i in enumerate(order):  # the i-th smallest is multiplied by the tests not yet passed
+        running = max(running, min(1.0, (len(order) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def power(n_per_group: int, effect_size: float, alpha: float = 0.05) -> float:
+    """Power of a two-sided two-sample t-test with n seeds per model at standardized effect size
+    d = Δ/σ (noncentral t; equal spread assumed)."""
+    df = 2 * n_per_group - 2
+    if df < 1:
+        return math.nan
+    critical = sps.t.ppf(1 - alpha / 2, df)
+    shift = abs(effect_size) * math.sqrt(n_per_group / 2)
+    return float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))
+
+
+def seeds_needed(
+    std: float, difference: float, target_power: float = 0.8, alpha: float = 0.05, cap: int = 10_000
+) -> int | None:
+    """Smallest seeds per model for the t-test to detect `difference` (absolute) at `target_power`,
+    given the seed-to-seed std; None if even `cap` seeds are not enough (or nothing varies)."""
+    if difference == 0:
+        return None
+    if std == 0:  # no seed-to-seed spread: any difference shows with the minimum of two seeds
+        return 2
+    effect = abs(difference) / std
+    for n in range(2, cap + 1):
+        if power(n, effect, alpha) >= target_power:
+            return n
+    return None
+
+
 def _sigma_rule(delta: float, std_ref: float, std_cand: float, n_ref: int, n_cand: int) -> tuple[bool, str]:
     """Apply |Δ| > k·√(σ₁²+σ₂²) and describe it with the numbers used.
 
@@ -129,6 +200,7 @@ def compare(
     rel_delta = delta / ref_abs if ref_abs > 0 else math.nan
     welch_t, p_value = _welch(cand, ref)
     significant, rule = _sigma_rule(delta, _sample_std(ref), _sample_std(cand), ref.size, cand.size)
+    low, high = bootstrap_delta_ci(cand, ref)
     return Comparison(
         reference=reference,
         candidate=candidate,
@@ -139,7 +211,21 @@ def compare(
         p_value=p_value,
         significant=significant,
         rule=rule,
+        mann_whitney_p=_mann_whitney(cand, ref),
+        delta_ci_low=low,
+        delta_ci_high=high,
+        p_holm=p_value,
     )
+
+
+def with_holm(comparisons: list[Comparison]) -> list[Comparison]:
+    """The comparisons with `p_holm` adjusted across the candidates compared on each metric."""
+    out = list(comparisons)
+    for metric in dict.fromkeys(c.metric for c in comparisons):
+        idx = [i for i, c in enumerate(comparisons) if c.metric == metric]
+        for i, adjusted in zip(idx, holm([comparisons[i].p_value for i in idx]), strict=True):
+            out[i] = dataclasses.replace(comparisons[i], p_holm=adjusted)
+    return out
 
 
 def best_by(df: pd.DataFrame, group: str, within: str, metric: str) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from rayb.analysis.stats import (
     compare,
     finite_values,
     summarize,
+    with_holm,
 )
 from rayb.files import write_atomic
 
@@ -165,7 +166,7 @@ def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
 
     rows = [_model_row(m, g) for m, g in by_model.items()]
     rows.sort(key=lambda r: (r.model != reference, r.summaries[SELECTION_METRIC].mean))
-    comparisons = _compare_all(by_model, reference, [r.model for r in rows])
+    comparisons = with_holm(_compare_all(by_model, reference, [r.model for r in rows]))
     return Verdict(
         study=study_name,
         reference=reference,
@@ -260,10 +261,18 @@ def _comparison_sentence(verdict: Verdict, comp: Comparison) -> str:
         welch = f"Welch p = {comp.p_value:.3g} ({side} {WELCH_ALPHA:g})"
     else:
         welch = "Welch p not available (fewer than 2 seeds)"
+    others = ""
+    if math.isfinite(comp.mann_whitney_p):
+        others = (
+            f"; Mann–Whitney p = {comp.mann_whitney_p:.3g}; bootstrap 95% CI of Δ "
+            f"[{comp.delta_ci_low:+.4f}, {comp.delta_ci_high:+.4f}]"
+        )
+    if len({c.candidate for c in verdict.comparisons}) > 1 and math.isfinite(comp.p_holm):
+        others += f"; Holm-adjusted p = {comp.p_holm:.3g}"
     return (
         f"**{comp.candidate}** {verb} **{verdict.reference}** on validation loss: "
         f"Δ = {comp.delta:+.4f} nats/token ({_fmt_float(100 * comp.rel_delta, '+.2f')}%), "
-        f"{rule} under the rule ({comp.rule}); {welch}."
+        f"{rule} under the rule ({comp.rule}); {welch}{others}."
     )
 
 
@@ -292,7 +301,8 @@ def verdict_text(verdict: Verdict) -> str:
         "",
         "Each model is evaluated at its own best learning rate (lowest mean validation loss over seeds). "
         f"A difference counts as significant when |Δmean| > {SIGMA_MULTIPLIER:g}·√(σ_ref² + σ_cand²) over seeds; "
-        "Welch's t-test p-value is reported alongside.",
+        "Welch's t-test, Mann–Whitney U and a bootstrap interval of Δ are reported alongside "
+        "(with Holm's correction when several candidates face the reference).",
         "",
     ]
     lines += [f"- {_comparison_sentence(verdict, c)}" for c in comps]
