@@ -121,3 +121,19 @@ def test_format_table_renders(results):
     text = console.export_text()
     assert all(m in text for m in MODELS)
     assert "yes" in text
+
+
+def test_verdict_warns_when_seeds_are_too_few_for_the_difference():
+    from rayb.report.study_report import verdict_text
+
+    def table(candidate_losses):
+        rows = [("gpt", 3.0 + d) for d in (-0.05, 0.0, 0.05)] + [("new", v) for v in candidate_losses]
+        return pd.DataFrame(
+            [{"model": m, "arch": m, "lr": 1e-3, "seed": i, "status": "ok", "params_total": 1, "val_loss": v,
+              "val_ppl": math.exp(v), "val_bpb": v} for i, (m, v) in enumerate(rows)]
+        )  # fmt: skip
+
+    close = verdict_text(build_verdict(table([2.93, 2.98, 3.03]), "t", "gpt"))  # Δ −0.02, σ 0.05
+    assert "⚠ new vs gpt: 3 seeds are too few to detect a Δ of -0.0200" in close
+    far = verdict_text(build_verdict(table([2.0, 2.05, 2.1]), "t", "gpt"))  # Δ −0.95
+    assert "⚠" not in far

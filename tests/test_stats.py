@@ -125,7 +125,9 @@ def test_holm_correction():
     # sorted 0.01, 0.03, 0.04 -> ×3, ×2, ×1 = 0.03, 0.06, 0.04 -> step-down maximum 0.03, 0.06, 0.06
     assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
     with_nan = holm([0.01, math.nan, 0.04])  # a NaN is not a test: two tests, ×2 and ×1
-    assert with_nan[0] == pytest.approx(0.02) and math.isnan(with_nan[1]) and with_nan[2] == pytest.approx(0.04)
+    assert (
+        with_nan[0] == pytest.approx(0.02) and math.isnan(with_nan[1]) and with_nan[2] == pytest.approx(0.04)
+    )
     assert holm([0.4, 0.6]) == pytest.approx([0.8, 0.8]) and holm([0.7, 0.9]) == [1.0, 1.0]
     comps = [
         compare("ref", REF, name, vals, "val_loss") for name, vals in (("a", CAND), ("b", [3.0, 3.2, 3.1]))

@@ -27,6 +27,7 @@ from rayb.analysis.stats import (
     best_by,
     compare,
     finite_values,
+    seeds_needed,
     summarize,
     with_holm,
 )
@@ -306,7 +307,25 @@ def verdict_text(verdict: Verdict) -> str:
         "",
     ]
     lines += [f"- {_comparison_sentence(verdict, c)}" for c in comps]
+    lines += [f"- ⚠ {warning}" for c in comps if (warning := _seed_warning(verdict, c))]
     return "\n".join(lines)
+
+
+def _seed_warning(verdict: Verdict, comp: Comparison) -> str | None:
+    """Say so when the seeds run are fewer than a t-test needs to detect the measured Δ with 80% power,
+    given the measured spread (the pooled std of the two models)."""
+    rows = {r.model: r for r in verdict.rows}
+    ref, cand = rows[comp.reference].summaries[comp.metric], rows[comp.candidate].summaries[comp.metric]
+    if min(ref.n, cand.n) < 2:
+        return None
+    needed = seeds_needed(math.sqrt((ref.std**2 + cand.std**2) / 2), comp.delta)
+    if needed is not None and min(ref.n, cand.n) >= needed:
+        return None
+    return (
+        f"{comp.candidate} vs {comp.reference}: {min(ref.n, cand.n)} seeds are too few to detect a Δ of "
+        f"{comp.delta:+.4f} with 80% power at this spread (it needs {needed or 'more than 10,000'} per model; "
+        "see `rayb power`)."
+    )
 
 
 def _entropy_text(verdict: Verdict, unigram_entropy_nats: float) -> str:
