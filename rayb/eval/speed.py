@@ -15,7 +15,7 @@ skipped and the output says so.
 
 from __future__ import annotations
 
-import os
+import functools
 import statistics
 import threading
 import time
@@ -47,9 +47,15 @@ class SpeedOptions:
             raise ValueError("lengths must be at least two increasing context lengths")
 
 
+@functools.cache
+def _this_process():
+    import psutil  # Ray's own dependency; portable where /proc is not (macOS laptops)
+
+    return psutil.Process()
+
+
 def _rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return _this_process().memory_info().rss
 
 
 class PeakMemory:
