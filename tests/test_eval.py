@@ -11,7 +11,7 @@ from oracles import InductionOracle
 
 from rayb.data.corpus import generate_document
 from rayb.data.tokenizer import load_tokenizer
-from rayb.eval.decoding import Decoder, greedy
+from rayb.eval.decoding import Decoder
 from rayb.eval.harness import LMEvalOptions, RaybLM, run_lm_eval
 from rayb.eval.lm import LMOptions, run_lm
 from rayb.eval.long_context import LongContextOptions, run_long_context
@@ -150,6 +150,20 @@ def test_peak_memory_sees_a_cpu_allocation():
         block = torch.ones(40_000_000)  # 160 MB
         del block
     assert memory.peak > 120e6
+
+
+@torch.no_grad()
+def greedy(model, prompt: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy continuation through the Decoder: (tokens [batch, new], logits [batch, new, vocab])."""
+    decoder = Decoder(model)
+    logits = decoder.prefill(prompt)
+    tokens, scores = [], []
+    for i in range(new_tokens):
+        scores.append(logits)
+        tokens.append(logits.argmax(-1))
+        if i + 1 < new_tokens:
+            logits = decoder.step(tokens[-1])
+    return torch.stack(tokens, 1), torch.stack(scores, 1)
 
 
 @pytest.mark.parametrize("arch", ZOO)

@@ -60,17 +60,3 @@ class Decoder:
         else:
             out = self.model(self._ids)
         return out.logits[:, -1].float()
-
-
-@torch.no_grad()
-def greedy(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy continuation through the decoder: (tokens [batch, new], logits [batch, new, vocab])."""
-    decoder = Decoder(model)
-    logits = decoder.prefill(prompt)
-    tokens, scores = [], []
-    for i in range(new_tokens):
-        scores.append(logits)
-        tokens.append(logits.argmax(-1))
-        if i + 1 < new_tokens:
-            logits = decoder.step(tokens[-1])
-    return torch.stack(tokens, 1), torch.stack(scores, 1)

@@ -22,7 +22,7 @@ from typing import Any
 
 from rayb.data.corpus import lexicon
 from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
-from rayb.eval.scoring import context_limit, continuation_logprobs
+from rayb.eval.scoring import choose, context_limit
 
 THINGS = ("key", "bike", "boat", "book", "bag", "coat", "hat", "lamp")
 FRUITS = ("apples", "pears", "plums", "oranges", "lemons", "figs", "grapes", "cherries")
@@ -143,13 +143,8 @@ def make_probes(options: ProbeOptions, seed: int) -> list[Probe]:
 
 def score_probes(model, tokenizer, probes: list[Probe], max_length: int) -> list[bool]:
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    requests = [(encode(p.context), encode(" " + c)) for p in probes for c in p.choices]
-    scores = iter(lp for lp, _ in continuation_logprobs(model, requests, max_length))
-    right = []
-    for p in probes:
-        mine = [next(scores) for _ in p.choices]
-        right.append(max(range(len(mine)), key=mine.__getitem__) == p.answer)
-    return right
+    items = [(encode(p.context), [encode(" " + c) for c in p.choices]) for p in probes]
+    return [pick == p.answer for pick, p in zip(choose(model, items, max_length), probes, strict=True)]
 
 
 def persistence(accuracy_by_distance: dict[int, float], threshold: float) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from rayb.data.corpus import generate_document
 from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
-from rayb.eval.scoring import context_limit, continuation_logprobs, device_of
+from rayb.eval.scoring import choose, context_limit, device_of
 
 FILLER_SEED = 2**31 - 2  # documents no study trains on
 
@@ -109,13 +109,8 @@ def passkey_items(
 
 def passkey_accuracy(model, tokenizer, length: int, examples: int, seed: int) -> float:
     items = passkey_items(tokenizer, length, examples, seed)
-    requests = [(context, choice) for context, choices, _ in items for choice in choices]
-    scores = [lp for lp, _ in continuation_logprobs(model, requests, max_length=length + 16, batch_size=1)]
-    right = sum(
-        max(range(len(choices)), key=lambda j, k=k: scores[5 * k + j]) == answer
-        for k, (_, choices, answer) in enumerate(items)
-    )
-    return right / len(items)
+    picks = choose(model, [(context, choices) for context, choices, _ in items], length + 16, batch_size=1)
+    return sum(pick == answer for pick, (_, _, answer) in zip(picks, items, strict=True)) / len(items)
 
 
 def run_recall(ctx: EvalContext, _: str | None, options: RecallOptions) -> dict[str, Any]:

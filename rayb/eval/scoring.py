@@ -62,6 +62,23 @@ def continuation_logprobs(
     return results
 
 
+def choose(
+    model: nn.Module,
+    items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+    max_length: int,
+    batch_size: int = 16,
+) -> list[int]:
+    """For each (context ids, [choice ids, ...]): the index of the choice with the highest
+    log-likelihood given the context (multiple choice scored as lm-eval's `acc`)."""
+    requests = [(context, choice) for context, choices in items for choice in choices]
+    scores = iter(lp for lp, _ in continuation_logprobs(model, requests, max_length, batch_size))
+    picks = []
+    for _, choices in items:
+        mine = [next(scores) for _ in choices]
+        picks.append(max(range(len(mine)), key=mine.__getitem__))
+    return picks
+
+
 @torch.no_grad()
 def sliding_window_nll(
     model: nn.Module, tokens: Sequence[int], window: int, stride: int, prefix_token: int
