@@ -43,6 +43,8 @@ def validate(study_file: Path) -> None:
         f"{study.train.global_batch}×{study.data.seq_len} tokens"
     )
     console.print(f"  eval on every checkpoint: {', '.join(study.eval)}", highlight=False)
+    for warning in _unmeasured_gate_metrics(study):
+        console.print(f"  [yellow]{escape(warning)}[/yellow]", highlight=False)
     vocab = study.data.nominal_vocab
     if vocab is None:
         console.print("(model sizes are resolved once the hub tokenizer is fetched)")
@@ -56,6 +58,19 @@ def validate(study_file: Path) -> None:
             f"{steps * tokens_per_step * cost.train_flops_per_token:.3g} training FLOPs",
             highlight=False,
         )
+
+
+def _unmeasured_gate_metrics(study) -> list[str]:
+    """Gate metrics whose column no suite of the study produces: the gate will call them not measured."""
+    from rayb.study import GATE_CORE_COLUMNS
+
+    suites = {suite.split(":", 1)[0] for suite in study.eval} | set(study.eval)
+    return [
+        f"gate metric {name} reads {rule.column}, which no eval suite of this study produces: "
+        f"it will be reported as not measured (add `{rule.column.split('.', 1)[0]}` to eval)"
+        for name, rule in study.verdict.gate.metrics.items()
+        if rule.column not in GATE_CORE_COLUMNS and rule.column.split(".", 1)[0] not in suites
+    ]
 
 
 @app.command()
@@ -73,13 +88,12 @@ def run(
         except ValueError as exc:
             console.print(f"[red]invalid --output[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(code=2) from None
-    from rayb.report.study_report import format_table
     from rayb.runner import run_study
 
     outcome = run_study(
         study, output, log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False)
     )
-    console.print(format_table(outcome.verdict))
+    _print_verdict(outcome.report)
     for key, error in outcome.errors.items():
         console.print(f"[red]trial {key} failed[/red]: {escape(error)}", highlight=False)
     for job, error in outcome.eval_errors.items():  # recorded in the table; the others' results stand
@@ -90,6 +104,61 @@ def run(
     )
     if outcome.errors:
         raise typer.Exit(code=1)
+
+
+def _print_verdict(report) -> None:
+    """The comparison table and each gate decision (the full reasons are in the report)."""
+    from rayb.report.sections import gate_headline
+    from rayb.report.study_report import format_table
+
+    console.print(format_table(report.verdict))
+    for decision in report.gate:
+        colour = "green" if decision.go else "red"
+        console.print(
+            f"[{colour}]{escape(gate_headline(decision).replace('**', ''))}[/{colour}]", highlight=False
+        )
+
+
+@app.command()
+def report(study_dir: Annotated[Path, typer.Argument(help="rayb_out/studies/<name>-<hash>")]) -> None:
+    """Rebuild a study's report (markdown, HTML, JSON, plots) from its results table alone."""
+    from rayb.report.study_report import build_report, read_study_dir, write_report
+
+    try:
+        study_report = build_report(*read_study_dir(study_dir))
+    except (FileNotFoundError, ValueError) as exc:
+        _fail("study_dir", str(exc))
+    files = write_report(study_report, study_dir)
+    _print_verdict(study_report)
+    console.print(f"report: {files['html']} and {files['report']}")
+
+
+@app.command()
+def compare(
+    study_dirs: Annotated[list[Path], typer.Argument(help="two or more study directories")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="where comparison.md/.html go")] = Path(
+        "rayb_compare"
+    ),
+) -> None:
+    """Put several studies side by side: every model, its Δ to its study's reference, its gate."""
+    from rayb.report.compare import HEADER, compare_studies, write_comparison
+
+    if len(study_dirs) < 2:
+        _fail("study_dirs", "give at least two study directories to compare")
+    try:
+        comparison = compare_studies(study_dirs)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail("study_dirs", str(exc))
+    table = Table(title=f"{len(study_dirs)} studies")
+    for column in HEADER:
+        table.add_column(column)
+    for row in comparison.rows:
+        table.add_row(*row)
+    console.print(table)
+    for note in comparison.notes:
+        console.print(f"[yellow]{escape(note)}[/yellow]", highlight=False)
+    files = write_comparison(comparison, output)
+    console.print(f"comparison: {files['html']} and {files['report']}")
 
 
 def _overrides(pairs: list[str]) -> dict:

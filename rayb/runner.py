@@ -3,7 +3,7 @@
 Every step reads and writes hash-keyed paths under the output directory:
     cache/data/<data key>/            packed tokens + tokenizer (shared by studies with equal data)
     trials/<model>-<trial key>/       metrics.jsonl, train_result.json, model/, eval/<suite>-<hash>.json
-    studies/<name>-<study hash>/      results.parquet, results.json, report.md, loss_curves.png
+    studies/<name>-<study hash>/      results.parquet, provenance.json, report.md/.html, results.json, *.png
 so a rerun (after a crash, or with one more model or seed) does only the work that is missing.
 """
 
@@ -21,7 +21,7 @@ import pandas as pd
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import read_result
 from rayb.eval.registry import parse_suite
-from rayb.files import read_json
+from rayb.files import read_json, write_json_atomic
 from rayb.study import Study, StudyError
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
@@ -31,7 +31,7 @@ from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 class StudyOutcome:
     study_dir: Path
     table: pd.DataFrame
-    verdict: Any
+    report: Any  # rayb.report.study_report.StudyReport
     files: dict[str, Path]
     trained: int  # trials trained (or resumed) by this run
     evaluated: int  # (checkpoint × suite) evaluations run by this run
@@ -75,19 +75,21 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.eval.actors import evaluate, evaluation_jobs
-    from rayb.report.study_report import build_verdict, write_report
+    from rayb.report.provenance import PROVENANCE_NAME, collect
+    from rayb.report.study_report import RESULTS_NAME, build_report, write_report
     from rayb.tune.sweep import run_trials
 
     began = time.perf_counter()
     out = Path(output or study.output_dir).resolve()
     study_dir = out / "studies" / f"{study.name}-{study.fingerprint()}"
     study_dir.mkdir(parents=True, exist_ok=True)
-    (study_dir / "study.json").write_text(json.dumps(study.model_dump(mode="json"), indent=2))
 
     runtime.init_ray()
     cores = runtime.compute_cores(study.train.use_gpu)
     log("preparing data (tokenize, pack, mix) ...")
     cache = prepare_data(study.data, out / "cache")
+    provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
+    write_json_atomic(study_dir / PROVENANCE_NAME, provenance)
     trials = plan_trials(study, cache, out, cores)
     pending = [t for t in trials if not t.done]
     log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
@@ -105,14 +107,11 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     )
 
     table = results_table(study, trials, errors)
-    table.to_parquet(study_dir / "results.parquet", index=False)
-    verdict = build_verdict(table, study.name, study.reference)
-    files = write_report(
-        verdict, table, study_dir, unigram_entropy_nats=cache.manifest["unigram_entropy_nats"]
-    )
-    files["table"] = study_dir / "results.parquet"
+    table.to_parquet(study_dir / RESULTS_NAME, index=False)
+    report = build_report(table, provenance)
+    files = write_report(report, study_dir) | {"table": study_dir / RESULTS_NAME}
     return StudyOutcome(
-        study_dir, table, verdict, files, trained=len(pending), evaluated=len(jobs),
+        study_dir, table, report, files, trained=len(pending), evaluated=len(jobs),
         wall_s=time.perf_counter() - began, errors=errors,
         eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
     )  # fmt: skip

@@ -46,3 +46,15 @@ def compute_cores(use_gpu: bool) -> int:
         return int(resources.get("GPU", 0))
     cpus = int(resources.get("CPU", 1))
     return cpus // LOCAL_OVERSUBSCRIBE if not os.environ.get("RAY_ADDRESS") else cpus
+
+
+def cluster_summary() -> dict[str, float | int]:
+    """The Ray cluster's nodes and resource totals (CPU, GPU, memory), for the provenance record."""
+    import ray
+
+    resources = ray.cluster_resources()
+    summary = {"nodes": sum(1 for node in ray.nodes() if node.get("Alive"))}
+    summary |= {key: resources[key] for key in ("CPU", "GPU") if key in resources}
+    if "memory" in resources:
+        summary["memory_gib"] = round(resources["memory"] / 2**30, 1)
+    return summary

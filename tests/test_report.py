@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -11,7 +15,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from rayb.report.study_report import build_verdict, format_table, write_report
+from rayb.report.study_report import FIGURES, build_report, build_verdict, format_table, write_report
 
 STEPS = list(range(0, 101, 10))
 VAL_STEPS = [50, 100]
@@ -21,12 +25,18 @@ SEEDS = (0, 1, 2)
 MODELS = {"gpt": ("transformer", 3.0), "mamba": ("mamba", 2.7), "rwkv": ("rwkv", 3.05)}
 REFERENCE = "gpt"
 ENTROPY = 6.5
+PARAMS = 8_000_000
+TOKENS = 1_000_000
+# model -> (statefulness accuracy, generation tokens/s, generation peak bytes, ppl growth per context doubling)
+EVALS = {"gpt": (0.30, 400.0, 4e6, 1.3), "mamba": (0.40, 900.0, 1.5e6, 1.0), "rwkv": (0.28, 300.0, 5e6, 1.05)}
+LENGTHS = [128, 256, 512]
 
 
-def _trial(model: str, arch: str, lr: float, seed: int, final: float) -> dict:
-    rng = np.random.default_rng([list(MODELS).index(model), LRS.index(lr), seed])  # deterministic noise
+def _trial(model: str, arch: str, lr: float, seed: int, final: float, params: int = PARAMS) -> dict:
+    rng = np.random.default_rng([sum(map(ord, model)), LRS.index(lr), seed, params])  # deterministic noise
     val_loss = final + (0.0 if lr == LRS[1] else 0.2) + rng.normal(0, 0.01)
     train = [val_loss + 5.0 * math.exp(-s / 30) + rng.normal(0, 0.01) for s in STEPS]
+    state, speed, memory, growth = EVALS[model.split("-")[0]]
     return {
         "model": model,
         "arch": arch,
@@ -34,9 +44,10 @@ def _trial(model: str, arch: str, lr: float, seed: int, final: float) -> dict:
         "seed": seed,
         "trial_key": f"{model}-lr{lr:g}-s{seed}",
         "status": "ok",
-        "params_total": 12_345_678,
-        "params_non_embedding": 10_000_000,
-        "train_tokens": 1_000_000,
+        "params_total": params,
+        "params_non_embedding": params - 1_000_000,
+        "train_tokens": TOKENS,
+        "train_flops": 6.0 * params * TOKENS,
         "steps": STEPS[-1],
         "final_train_loss": train[-1],
         "val_loss": val_loss,
@@ -49,11 +60,21 @@ def _trial(model: str, arch: str, lr: float, seed: int, final: float) -> dict:
         "curve_train_loss": train,
         "curve_val_step": VAL_STEPS,
         "curve_val_loss": [val_loss + 0.3, val_loss],
+        "eval_errors": "{}",
+        "statefulness.accuracy": state + rng.normal(0, 0.005),
+        "statefulness.version": 1,
+        "speed.gen_tokens_per_s": speed * (1 + rng.normal(0, 0.01)),
+        "speed.gen_peak_bytes": memory,
+        "speed.scaling_lengths": LENGTHS,
+        "speed.scaling_s": [n * 1e-4 * (900 / speed) for n in LENGTHS],
+        "speed.scaling_peak_bytes": [n * memory / 512 for n in LENGTHS],
+        "speed.version": 1,
+        **{f"long_context.ppl@{m}x": math.exp(val_loss) * growth ** math.log2(m) for m in (1, 2, 4)},
+        "long_context.version": 1,
     }
 
 
-@pytest.fixture
-def results() -> pd.DataFrame:
+def _rows() -> list[dict]:
     rows = [
         _trial(m, arch, lr, seed, final)
         for m, (arch, final) in MODELS.items()
@@ -62,8 +83,55 @@ def results() -> pd.DataFrame:
     ]
     diverged = _trial("rwkv", "rwkv", LRS[1], 3, MODELS["rwkv"][1])
     diverged.update(status="diverged", val_loss=math.nan, val_ppl=math.nan, val_bpb=math.nan)
-    rows.append(diverged)
-    return pd.DataFrame(rows)
+    return rows + [diverged]
+
+
+@pytest.fixture
+def results() -> pd.DataFrame:
+    return pd.DataFrame(_rows())
+
+
+def scaling_loss(params: float, exponent: float) -> float:
+    """Loss across sizes, pinned to each model's loss at PARAMS (seed noise added by _trial)."""
+    return 60.0 * (params**-exponent - PARAMS**-exponent)
+
+
+SIZES = {"small": 3_500_000, "large": 30_000_000}
+EXPONENTS = {"gpt": 0.3, "mamba": 0.3}  # parallel curves
+
+
+def full_results() -> pd.DataFrame:
+    """`results` plus gpt and mamba at two more sizes each: every report section has data."""
+    extra = [
+        _trial(
+            f"{model}-{size}",
+            MODELS[model][0],
+            lr,
+            seed,
+            MODELS[model][1] + scaling_loss(params, EXPONENTS[model]),
+            params,
+        )  # fmt: skip
+        for model in EXPONENTS
+        for size, params in SIZES.items()
+        for lr in LRS
+        for seed in SEEDS
+    ]
+    return pd.DataFrame(_rows() + extra)
+
+
+def provenance(**verdict) -> dict:
+    from conftest import tiny_study_dict
+
+    from rayb.report.provenance import collect
+    from rayb.study import parse_study
+
+    models = [
+        {"arch": "gpt2", "name": m, "config": {"d_model": 32, "n_layer": 2, "n_head": 2}} for m in MODELS
+    ]
+    study = parse_study(
+        tiny_study_dict(name="toy", models=models, verdict={"reference": REFERENCE, **verdict})
+    )
+    return collect(study, ENTROPY, {"nodes": 1, "CPU": 8})
 
 
 def test_verdict_identifies_better_model(results):
@@ -87,13 +155,13 @@ def test_unknown_reference_raises(results):
 
 
 def test_write_report(results, tmp_path):
-    v = build_verdict(results, "toy", REFERENCE)
-    paths = write_report(v, results, tmp_path / "out", unigram_entropy_nats=ENTROPY)
-    assert set(paths) == {"report", "json", "plot"}
-    assert all(p.exists() and p.stat().st_size > 0 for p in paths.values())
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in paths.values())
-
-    img = mpimg.imread(paths["plot"])
+    report = build_report(results, provenance())
+    paths = write_report(report, tmp_path / "out")
+    assert set(paths) == {"report", "json", "html"}
+    figures = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    # One size per architecture here: every figure but the scaling law.
+    assert figures == ["context_scaling.png", "loss_curves.png", "pareto.png", "speed.png"]
+    img = mpimg.imread(tmp_path / "out" / "loss_curves.png")
     assert img.ndim == 3 and img.shape[0] > 0 and img.shape[1] > 0
 
     data = json.loads(paths["json"].read_text())
@@ -102,16 +170,103 @@ def test_write_report(results, tmp_path):
     assert {r["model"] for r in data["rows"]} == set(MODELS)
     assert data["rows"][0]["summaries"]["val_loss"]["n"] == len(SEEDS)
     assert data["excluded"][0]["status"] == "diverged"
+    assert [(g["candidate"], g["go"], g["should_scale"]) for g in data["gate"]] == [
+        ("mamba", True, True),
+        ("rwkv", False, False),
+    ]
+    assert data["provenance"]["fingerprint"] and data["provenance"]["versions"]["torch"]
 
     md = paths["report"].read_text()
     assert "# Study report: toy" in md and "## Verdict" in md
+    assert "- Gate, **mamba** vs **gpt**: **GO**; should_scale: yes." in md
+    assert "- Gate, **rwkv** vs **gpt**: **NO-GO** (1 red line); should_scale: no." in md
+    assert "red line: statefulness ratio" in md
     assert all(m in md for m in MODELS)
     assert "Excluded trials" in md and "diverged" in md
     assert "**mamba** beats **gpt**" in md
     assert "Mann–Whitney p = " in md and "bootstrap 95% CI of Δ" in md and "Holm-adjusted p = " in md
     assert {"mann_whitney_p", "delta_ci_low", "p_holm"} <= set(data["comparisons"][0])
     assert "unigram entropy" in md.lower()
-    assert "![loss curves](loss_curves.png)" in md
+    assert "![loss curves](loss_curves.png)" in md and "![loss vs training FLOPs](pareto.png)" in md
+    assert "No fit: L(N) = a·N^(−b) + c needs at least 3 sizes" in md
+    assert "## Provenance" in md and report.provenance["fingerprint"] in md
+
+
+def test_efficiency_and_pareto(results):
+    from rayb.analysis.efficiency import efficiency, pareto_front
+    from rayb.report.study_report import selected_rows
+
+    assert pareto_front([(1, 3), (2, 2), (2, 3), (3, 2), (1, 3), (0.5, math.nan)]) == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]  # ties are not dominated; (2, 3) by (1, 3) and (2, 2); (3, 2) by (2, 2); NaN never on it
+    rows = {e.model: e for e in efficiency(selected_rows(results), REFERENCE)}
+    gpt, mamba = rows["gpt"], rows["mamba"]
+    assert gpt.arch_efficiency == 1.0 and gpt.compute_efficiency == 1.0
+    assert mamba.arch_efficiency == pytest.approx(mamba.ppl / gpt.ppl) and mamba.arch_efficiency < 1
+    expected = (mamba.tokens_per_s / mamba.ppl) / (gpt.tokens_per_s / gpt.ppl)
+    assert mamba.compute_efficiency == pytest.approx(expected) and expected > 2
+    # Same FLOPs for all three: only the lowest loss is on the frontier.
+    assert [m for m, e in rows.items() if e.pareto] == ["mamba"]
+
+
+def test_scaling_fits_recover_the_law_and_extrapolate():
+    from rayb.analysis.scaling import fit_all
+    from rayb.report.study_report import selected_rows
+
+    fits = {f.arch: f for f in fit_all(selected_rows(full_results()), [125_000_000])}
+    for arch, model in (("transformer", "gpt"), ("mamba", "mamba")):
+        fit = fits[arch]
+        assert fit.error is None and fit.points == 9
+        assert fit.b_low < EXPONENTS[model] < fit.b_high
+        truth = MODELS[model][1] + scaling_loss(125_000_000, EXPONENTS[model])
+        loss, low, high = fit.predictions["125M"]
+        assert low < truth < high and abs(loss - truth) < 0.05
+    assert fits["rwkv"].error == "needs ≥ 3 sizes, has 1"
+
+
+def test_scaling_curves_parallel_or_not():
+    from rayb.analysis.scaling import fit_arch, parallel
+
+    rng = np.random.default_rng(0)
+    params = np.repeat([3e6, 1e7, 3e7, 1e8], 4)
+
+    def fit(exponent):
+        loss = 60.0 * params**-exponent + 2.0 + rng.normal(0, 0.005, params.size)
+        return fit_arch(f"b{exponent}", params, loss, [])
+
+    base = fit(0.3)
+    assert parallel(base, fit(0.3))[0] is True
+    same, p = parallel(base, fit(0.15))
+    assert same is False and p < 1e-3
+
+
+def test_full_report_has_every_section(tmp_path):
+    report = build_report(full_results(), provenance(gate={"candidates": ["mamba", "rwkv"]}))
+    write_report(report, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    for heading in (
+        "## Verdict",
+        "## Comparison",
+        "## Gate",
+        "## Efficiency",
+        "## Scaling laws",
+        "## Benchmarks",
+        "### Context scaling",
+        "### Speed and memory",
+        "## Loss curves",
+        "## Provenance",
+    ):
+        assert heading in md, heading  # fmt: skip
+    assert "mamba vs transformer: parallel" in md
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(FIGURES)
+    html = (tmp_path / "report.html").read_text()
+    assert html.count('<img src="data:image/png;base64,') == len(FIGURES)
+    assert "http://" not in html and "https://" not in html  # self-contained: nothing to fetch
 
 
 def test_format_table_renders(results):
@@ -137,3 +292,108 @@ def test_verdict_warns_when_seeds_are_too_few_for_the_difference():
     assert "⚠ new vs gpt: 3 seeds are too few to detect a Δ of -0.0200" in close
     far = verdict_text(build_verdict(table([2.0, 2.05, 2.1]), "t", "gpt"))  # Δ −0.95
     assert "⚠" not in far
+
+
+# --------------------------------------------------------------------------------------------- the page in a browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+PLOT_COLOURS = [(31, 119, 180), (255, 127, 14)]  # matplotlib's C0 and C1: the first two models' lines
+
+
+def _chromium(profile, *args: str) -> subprocess.CompletedProcess:
+    # The flags keep a headless browser off the network this machine does not have.
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}"]  # fmt: skip
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, check=True)
+
+
+def _plot_pixels(screenshot) -> int:
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(screenshot).convert("RGB"), dtype=int)
+    return sum(int((np.abs(pixels - colour).sum(axis=2) < 30).sum()) for colour in PLOT_COLOURS)
+
+
+@pytest.fixture
+def chromium():
+    if CHROMIUM is None:
+        if os.environ.get("CI"):  # CI installs it (.ci/run): a skip there would hide a broken report
+            pytest.fail("chromium is not installed")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+def test_html_report_renders_in_headless_chromium(chromium, tmp_path):
+    report = build_report(full_results(), provenance(gate={"candidates": ["mamba", "rwkv"]}))
+    page = write_report(report, tmp_path / "study")["html"]
+    # Negative control: the same page with every figure's data replaced by bytes that are no PNG.
+    broken = tmp_path / "broken.html"
+    broken.write_text(
+        re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,AAAA", page.read_text())
+    )
+
+    dom = _chromium(tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+    assert "<h2>Verdict</h2>" in dom
+    assert (
+        "Gate, <strong>mamba</strong> vs <strong>gpt</strong>: <strong>GO</strong>; should_scale: yes." in dom
+    )
+    assert dom.count("<img ") == len(FIGURES)
+
+    shots = {}
+    for name, url in (("page", page.as_uri()), ("broken", broken.as_uri())):
+        shots[name] = tmp_path / f"{name}.png"
+        _chromium(tmp_path / "profile", f"--screenshot={shots[name]}", "--window-size=1280,12000", url)
+    rendered, control = _plot_pixels(shots["page"]), _plot_pixels(shots["broken"])
+    assert control < 100, control  # no figure, none of the plot colours
+    assert rendered > 3_000, rendered  # the figures draw the first two models in these colours
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _study_dir(path, table: pd.DataFrame, record: dict):
+    path.mkdir(parents=True)
+    table.to_parquet(path / "results.parquet", index=False)
+    (path / "provenance.json").write_text(json.dumps(record))
+    return path
+
+
+def test_rayb_report_rebuilds_from_the_results_table(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayb.cli import app
+
+    study = _study_dir(tmp_path / "toy-123", full_results(), provenance())
+    result = CliRunner().invoke(app, ["report", str(study)])
+    assert result.exit_code == 0, result.output
+    assert "Gate, mamba vs gpt: GO; should_scale: yes." in result.output
+    first = (study / "report.md").read_text()
+    assert "## Scaling laws" in first and (study / "report.html").is_file()
+    assert CliRunner().invoke(app, ["report", str(study)]).exit_code == 0
+    assert (study / "report.md").read_text() == first  # the same table gives the same report
+
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "results.parquet does not exist" in missing.output
+
+
+def test_rayb_compare_puts_studies_side_by_side(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayb.cli import app
+
+    one = _study_dir(tmp_path / "a", pd.DataFrame(_rows()), provenance())
+    other_record = provenance()
+    other_record["study"] = dict(
+        other_record["study"], name="toy-long", data=dict(other_record["study"]["data"], seq_len=64)
+    )
+    two = _study_dir(tmp_path / "b", pd.DataFrame(_rows()), other_record)
+    result = CliRunner().invoke(app, ["compare", str(one), str(two), "--output", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "# Comparison of 2 studies" in md and "## toy" in md and "## toy-long" in md
+    assert md.count("| mamba | mamba |") == 2 and "GO, scale" in md
+    assert "differ in their data" in md  # losses over different data are not comparable
+    assert (tmp_path / "cmp" / "comparison.html").is_file() and (tmp_path / "cmp" / "pareto.png").is_file()
+    alone = CliRunner().invoke(app, ["compare", str(one)])
+    assert alone.exit_code == 2 and "at least two" in alone.output

@@ -57,6 +57,10 @@ def test_study_writes_results_table_and_report(study_run):
     assert {c["candidate"] for c in verdict["comparisons"]} == {"mamba"}
     assert (study_dir / "loss_curves.png").stat().st_size > 10_000
     assert "mamba" in (study_dir / "report.md").read_text()
+    assert "Gate, mamba vs gpt2: " in result.output
+    provenance = json.loads((study_dir / "provenance.json").read_text())
+    assert provenance["fingerprint"] == study.fingerprint() and provenance["study"]["name"] == "tiny"
+    assert provenance["hardware"]["ray_cluster"]["CPU"] >= 1 and provenance["versions"]["ray"]
     assert "gpt2 (ref)" in result.output  # the comparison table is printed
 
 
@@ -111,5 +115,15 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     assert all(list(e) == ["lm_eval:no_such_task"] for e in errors)
     assert (table.model == "mamba").any() and table[table.model == "mamba"]["recall.mqar_acc"].notna().all()
 
+    # The gate reads the measured suites: all four default metrics graded, none "not measured".
+    gate = json.loads((study_dir / "results.json").read_text())["gate"]
+    assert [g["candidate"] for g in gate] == ["mamba"]
+    assert [m["grade"] != "not measured" for m in gate[0]["grades"]] == [True] * 4
+    assert "### Context scaling\n\n![long-context degradation](context_scaling.png)" in report
+    assert (study_dir / "speed.png").is_file() and (study_dir / "report.html").is_file()
+
     rerun = CliRunner().invoke(app, ["run", str(evals_file), "--output", str(out)])
     assert rerun.exit_code == 0 and "trained 0 trials, ran 4 evaluations" in rerun.output
+    report = (study_dir / "report.md").read_text()
+    rebuilt = CliRunner().invoke(app, ["report", str(study_dir)])  # from the results table alone
+    assert rebuilt.exit_code == 0 and (study_dir / "report.md").read_text() == report

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -95,11 +96,13 @@ def summarize(values: Sequence[float]) -> Summary:
     return Summary(n=int(arr.size), mean=mean, std=std, ci_low=mean - half_width, ci_high=mean + half_width)
 
 
-def _welch(cand: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+def welch(cand: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """Welch's t statistic and two-sided p-value; NaN when either side has fewer than two seeds."""
     if cand.size < 2 or ref.size < 2:
         return math.nan, math.nan
-    result = sps.ttest_ind(cand, ref, equal_var=False)
+    with warnings.catch_warnings():  # equal values on both sides (e.g. a memory figure): p is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = sps.ttest_ind(cand, ref, equal_var=False)
     return float(result.statistic), float(result.pvalue)
 
 
@@ -198,7 +201,7 @@ def compare(
     delta = float(cand.mean() - ref.mean())
     ref_abs = abs(float(ref.mean()))
     rel_delta = delta / ref_abs if ref_abs > 0 else math.nan
-    welch_t, p_value = _welch(cand, ref)
+    welch_t, p_value = welch(cand, ref)
     significant, rule = _sigma_rule(delta, _sample_std(ref), _sample_std(cand), ref.size, cand.size)
     low, high = bootstrap_delta_ci(cand, ref)
     return Comparison(

@@ -1,14 +1,15 @@
-"""Turn a study's results table into a verdict, a markdown report, a JSON record and a loss plot.
+"""Turn a study's results table into a verdict and its report: markdown, self-contained HTML, JSON, plots.
 
 The verdict compares every model at its *own* best learning rate (lowest mean validation loss over
-seeds) against a named reference model. The same rows feed the CLI's rich table and the markdown
-table, so what is printed and what is written can never disagree.
+seeds) against a named reference model; the gate, efficiency and scaling analyses use the same rows.
+The same cells feed the CLI's rich table and the markdown table, so what is printed and what is
+written can never disagree. The report is built from the results table and the provenance record
+alone, so `rayb report` can rebuild it at any time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from rayb.analysis.efficiency import Efficiency, efficiency
+from rayb.analysis.gate import GateDecision, gate_all
+from rayb.analysis.scaling import ScalingFit, fit_all, parallel
 from rayb.analysis.stats import (
     OK_STATUS,
     SIGMA_MULTIPLIER,
@@ -32,6 +36,17 @@ from rayb.analysis.stats import (
     with_holm,
 )
 from rayb.files import write_atomic
+from rayb.report import plots
+from rayb.report.html import data_uri, to_html
+from rayb.report.provenance import PROVENANCE_NAME
+from rayb.report.sections import (
+    efficiency_section,
+    gate_headline,
+    gate_section,
+    markdown_table,
+    provenance_section,
+    scaling_section,
+)
 
 SUMMARY_METRICS: tuple[str, ...] = ("val_loss", "val_ppl", "val_bpb")
 """Metrics summarised per model (all lower-is-better)."""
@@ -59,9 +74,10 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "significant?",
 )
 
+RESULTS_NAME = "results.parquet"
 REPORT_NAME = "report.md"
+HTML_NAME = "report.html"
 JSON_NAME = "results.json"
-PLOT_NAME = "loss_curves.png"
 
 
 @dataclass
@@ -158,7 +174,7 @@ def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
     """
     if reference not in set(df["model"]):
         raise ValueError(f"reference model {reference!r} not in results (have {sorted(set(df['model']))})")
-    best = best_by(df, "model", "lr", SELECTION_METRIC)
+    best = selected_rows(df)
     by_model = {str(m): g for m, g in best.groupby("model", sort=False)}
     if reference not in by_model:
         raise ValueError(
@@ -242,15 +258,6 @@ def format_table(verdict: Verdict) -> Table:
     for cells in _table_rows(verdict):
         table.add_row(*cells)
     return table
-
-
-def _markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured markdown table ('|' in cells escaped)."""
-
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), line(["---"] * len(header)), *(line(r) for r in rows)])
 
 
 def _comparison_sentence(verdict: Verdict, comp: Comparison) -> str:
@@ -374,7 +381,7 @@ def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
         if metrics:
             title = f"### {suite} (v{int(version.iloc[0])})" if len(version) else f"### {suite}"
             names = [m.removeprefix(f"{suite}.") for m in metrics]
-            parts += [title, "", _markdown_table(["model", *names], rows), ""]
+            parts += [title, "", markdown_table(["model", *names], rows), ""]
     failures = [
         [r.model, str(r.seed), suite, error]
         for r in ok.itertuples() for suite, error in json.loads(getattr(r, "eval_errors", "{}") or "{}").items()
@@ -383,36 +390,143 @@ def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
         parts += [
             "### Failed evaluations",
             "",
-            _markdown_table(("model", "seed", "suite", "error"), failures),
+            markdown_table(("model", "seed", "suite", "error"), failures),
             "",
         ]
     return ["## Benchmarks", "", *parts] if parts else []
 
 
-def render_markdown(
-    verdict: Verdict, unigram_entropy_nats: float | None = None, df: pd.DataFrame | None = None
-) -> str:
-    """The full report.md text."""
+FIGURES = {  # file name -> alt text, in the order the report shows them
+    "loss_curves.png": "loss curves",
+    "pareto.png": "loss vs training FLOPs",
+    "context_scaling.png": "long-context degradation",
+    "speed.png": "speed and memory",
+    "scaling_law.png": "scaling law",
+}
+
+
+@dataclass
+class StudyReport:
+    """Everything the report shows, computed from the results table and the provenance record."""
+
+    verdict: Verdict
+    table: pd.DataFrame
+    provenance: dict[str, Any]
+    gate: list[GateDecision]
+    efficiency: list[Efficiency]
+    scaling: list[ScalingFit]
+    parallels: list[tuple[str, str, bool | None, float]]  # (arch, reference arch, parallel?, p)
+    figures: dict[str, bytes]  # FIGURES name -> PNG, for the figures there is data for
+
+    @property
+    def unigram_entropy_nats(self) -> float | None:
+        return self.provenance.get("unigram_entropy_nats")
+
+
+def selected_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Each model's finished trials at its selected (best mean validation loss) learning rate."""
+    return best_by(df, "model", "lr", SELECTION_METRIC)
+
+
+def read_study_dir(study_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A study directory's results table and provenance record: all a report is built from.
+    Raises FileNotFoundError naming what is missing."""
+    study_dir = Path(study_dir)
+    results, record = study_dir / RESULTS_NAME, study_dir / PROVENANCE_NAME
+    for path in (results, record):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} does not exist; give a study directory (rayb_out/studies/<name>-<hash>) of a study "
+                "that has finished (a study run by an older rayb: `rayb run` it again, which redoes no "
+                "finished work)"
+            )
+    return pd.read_parquet(results), json.loads(record.read_text())
+
+
+def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
+    """The report of a study from its results table and its provenance record (which holds the
+    validated study: its name, reference, gate and extrapolation sizes)."""
+    from rayb.models.sizing import parse_size
+    from rayb.study import VerdictSpec
+
+    study = provenance["study"]
+    spec = VerdictSpec.model_validate(study.get("verdict", {}))
+    verdict = build_verdict(df, study["name"], provenance["reference"])
+    selected = selected_rows(df)
+    targets = [parse_size(size) for size in spec.extrapolate_to]
+    fits = fit_all(selected, targets)
+    ref_arch = str(selected.loc[selected.model == verdict.reference, "arch"].iloc[0])
+    ref_fit = next(f for f in fits if f.arch == ref_arch)
+    parallels = [
+        (f.arch, ref_arch, *parallel(f, ref_fit))
+        for f in fits
+        if f.arch != ref_arch and f.error is None and ref_fit.error is None
+    ]
+    rows = efficiency(selected, verdict.reference)
+    seq_len = study.get("data", {}).get("seq_len")
+    figures = {
+        "loss_curves.png": plots.loss_curves(selected, study["name"], provenance.get("unigram_entropy_nats")),
+        "pareto.png": plots.pareto(rows),
+        "context_scaling.png": plots.context_scaling(selected, seq_len),
+        "speed.png": plots.speed(selected),
+        "scaling_law.png": plots.scaling_law(selected, fits, targets),
+    }
+    order = [row.model for row in verdict.rows]
+    gate = sorted(
+        gate_all(spec.gate, selected, verdict.reference),
+        key=lambda d: order.index(d.candidate) if d.candidate in order else len(order),
+    )
+    return StudyReport(
+        verdict=verdict, table=df, provenance=provenance, gate=gate,
+        efficiency=rows, scaling=fits, parallels=parallels,
+        figures={name: png for name, png in figures.items() if png is not None},
+    )  # fmt: skip
+
+
+def _image(report: StudyReport, name: str, image_src) -> str | None:
+    return image_src(name) if name in report.figures else None
+
+
+def _figure_line(report: StudyReport, name: str, image_src, missing: str) -> list[str]:
+    src = _image(report, name, image_src)
+    return [f"![{FIGURES[name]}]({src})" if src else missing, ""]
+
+
+def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
+    """The full report text; `image_src` maps a figure's file name to its link (a data URI for HTML)."""
+    verdict = report.verdict
     parts = [
         f"# Study report: {verdict.study}",
         "",
         "## Verdict",
         "",
+        *(f"- {gate_headline(d)}" for d in report.gate),
+        "" if report.gate else "No gated candidate.",
         verdict_text(verdict),
         "",
         "## Comparison",
         "",
-        _markdown_table(TABLE_COLUMNS, _table_rows(verdict)),
+        markdown_table(TABLE_COLUMNS, _table_rows(verdict)),
         "",
     ]
-    if unigram_entropy_nats is not None:
-        parts += [_entropy_text(verdict, unigram_entropy_nats), ""]
+    if report.unigram_entropy_nats is not None:
+        parts += [_entropy_text(verdict, report.unigram_entropy_nats), ""]
+    parts += gate_section(report.gate)
+    parts += efficiency_section(report.efficiency, verdict.reference, _image(report, "pareto.png", image_src))
+    parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png", image_src))
     if verdict.excluded:
         rows = [[e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"]] for e in verdict.excluded]
-        parts += ["## Excluded trials", "", _markdown_table(("model", "lr", "seed", "status"), rows), ""]
-    if df is not None:
-        parts += benchmark_tables(verdict, df)
-    parts += ["## Loss curves", "", f"![loss curves]({PLOT_NAME})", ""]
+        parts += ["## Excluded trials", "", markdown_table(("model", "lr", "seed", "status"), rows), ""]
+    parts += benchmark_tables(verdict, report.table)
+    parts += ["### Context scaling", ""]
+    parts += _figure_line(
+        report, "context_scaling.png", image_src, "Not measured: add `long_context` to eval."
+    )
+    parts += ["### Speed and memory", ""]
+    parts += _figure_line(report, "speed.png", image_src, "Not measured: add `speed` to eval.")
+    parts += ["## Loss curves", ""]
+    parts += _figure_line(report, "loss_curves.png", image_src, "No training curve was logged.")
+    parts += provenance_section(report.provenance)
     return "\n".join(parts)
 
 
@@ -432,95 +546,36 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def verdict_to_dict(verdict: Verdict, unigram_entropy_nats: float | None = None) -> dict:
-    """The verdict as plain JSON-ready data (rows with summaries, comparisons, excluded)."""
-    data = dataclasses.asdict(verdict)
-    data["unigram_entropy_nats"] = unigram_entropy_nats
-    return _json_safe(data)
-
-
-# --------------------------------------------------------------------------------------------- plot
-
-
-def _as_list(value: Any) -> list:
-    """A curve cell as a list; missing curves (None/NaN from failed trials) become empty."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return []
-    return list(value)
-
-
-def _aligned(steps_per_seed: list[list], values_per_seed: list[list]) -> pd.DataFrame:
-    """Mean/min/max across seeds per step.
-
-    Uses the steps logged by every seed, so the mean is never taken over a changing set of seeds;
-    falls back to all steps if the seeds share none.
-    """
-    series = [
-        pd.Series(np.asarray(v, dtype=float), index=np.asarray(s, dtype=int)).groupby(level=0).last()
-        for s, v in zip(steps_per_seed, values_per_seed, strict=True)
-        if len(s) and len(s) == len(v)
+def report_to_dict(report: StudyReport) -> dict:
+    """The report's findings as plain JSON-ready data: the verdict (rows with summaries, comparisons,
+    excluded), the gate decisions, efficiency, scaling fits and provenance."""
+    data = dataclasses.asdict(report.verdict)
+    data["unigram_entropy_nats"] = report.unigram_entropy_nats
+    data["gate"] = [dataclasses.asdict(d) for d in report.gate]
+    data["efficiency"] = [dataclasses.asdict(e) for e in report.efficiency]
+    data["scaling"] = [dataclasses.asdict(f) for f in report.scaling]
+    data["parallel"] = [
+        dict(zip(("arch", "reference_arch", "parallel", "p"), p, strict=True)) for p in report.parallels
     ]
-    if not series:
-        return pd.DataFrame(columns=["mean", "min", "max"])
-    wide = pd.concat(series, axis=1).sort_index()
-    common = wide.dropna()
-    wide = common if len(common) else wide
-    return pd.DataFrame({"mean": wide.mean(axis=1), "min": wide.min(axis=1), "max": wide.max(axis=1)})
-
-
-def _curve(seeds: pd.DataFrame, step_col: str, value_col: str) -> pd.DataFrame:
-    """Seed-aligned mean/min/max of one curve column pair."""
-    return _aligned([_as_list(x) for x in seeds[step_col]], [_as_list(x) for x in seeds[value_col]])
-
-
-def _plot_model(ax: Any, seeds: pd.DataFrame, label: str, color: str) -> None:
-    """Mean train curve with a min–max band across seeds, plus mean validation points."""
-    train = _curve(seeds, "curve_step", "curve_train_loss")
-    if len(train):
-        ax.plot(train.index, train["mean"], color=color, label=f"{label} train")
-        ax.fill_between(train.index, train["min"], train["max"], color=color, alpha=0.2, linewidth=0)
-    val = _curve(seeds, "curve_val_step", "curve_val_loss")
-    if len(val):
-        ax.plot(val.index, val["mean"], color=color, marker="o", linestyle="none", label=f"{label} val")
-
-
-def _plot_png(verdict: Verdict, df: pd.DataFrame, unigram_entropy_nats: float | None) -> bytes:
-    """Render the loss-curve figure to PNG bytes with the Agg canvas (no pyplot global state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for i, row in enumerate(verdict.rows):
-        seeds = df[(df["model"] == row.model) & (df["lr"] == row.lr) & (df["status"] == OK_STATUS)]
-        _plot_model(ax, seeds, f"{row.model} (lr={row.lr:.3g})", f"C{i}")
-    if unigram_entropy_nats is not None:
-        ax.axhline(unigram_entropy_nats, color="gray", linestyle="--", label="unigram entropy")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(f"{verdict.study}: mean over seeds at best lr (band = min–max)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    data["provenance"] = report.provenance
+    return _json_safe(data)
 
 
 # --------------------------------------------------------------------------------------------- writing
 
 
-def write_report(
-    verdict: Verdict,
-    df: pd.DataFrame,
-    out_dir: Path,
-    unigram_entropy_nats: float | None = None,
-) -> dict[str, Path]:
-    """Write report.md, results.json and loss_curves.png into out_dir; return their paths."""
+def write_report(report: StudyReport, out_dir: Path) -> dict[str, Path]:
+    """Write report.md (with its PNG figures), report.html (self-contained) and results.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = write_atomic(out_dir / PLOT_NAME, _plot_png(verdict, df, unigram_entropy_nats))
-    payload = json.dumps(verdict_to_dict(verdict, unigram_entropy_nats), indent=2, allow_nan=False)
-    js = write_atomic(out_dir / JSON_NAME, (payload + "\n").encode())
-    report = write_atomic(out_dir / REPORT_NAME, render_markdown(verdict, unigram_entropy_nats, df).encode())
-    return {"report": report, "json": js, "plot": plot}
+    for name in FIGURES:  # a rebuilt report must not show a figure whose data is gone
+        (out_dir / name).unlink(missing_ok=True)
+    for name, png in report.figures.items():
+        write_atomic(out_dir / name, png)
+    payload = json.dumps(report_to_dict(report), indent=2, allow_nan=False)
+    page = to_html(render_markdown(report, lambda name: data_uri(report.figures[name])), report.verdict.study)
+    return {
+        "json": write_atomic(out_dir / JSON_NAME, (payload + "\n").encode()),
+        "report": write_atomic(out_dir / REPORT_NAME, render_markdown(report).encode()),
+        "html": write_atomic(out_dir / HTML_NAME, page.encode()),
+    }

@@ -1,0 +1,232 @@
+"""The go/no-go gate: the written rules a team applies to a candidate, applied from the study file.
+
+Each gate metric is a ratio of means over seeds (candidate / baseline, each model at its selected
+learning rate), classed "excellent", "promising", "good" or "below good" by the rule's thresholds.
+The gate passes on enough excellent or promising metrics, unless a red line is crossed; `should_scale`
+is a separate decision weighing the loss ratio against the advantages on the other metrics. Every
+decision carries the list of reasons it was made for, so the report can show its work.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rayb.analysis.stats import finite_values, welch
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from rayb.study import GateSpec, MetricRule
+
+GRADES = ("below good", "good", "promising", "excellent")
+"""Classes from worst to best; "not measured" is outside the order."""
+
+NOT_MEASURED = "not measured"
+
+_OPERATORS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+@dataclass(frozen=True)
+class MetricGrade:
+    """One gate metric of a candidate against the baseline."""
+
+    metric: str
+    column: str
+    candidate: float  # mean over the candidate's seeds
+    baseline: float
+    ratio: float  # candidate / baseline; NaN when not measured
+    grade: str  # one of GRADES, or NOT_MEASURED
+    better: bool  # strictly better than the baseline in the metric's direction
+    p_value: float = math.nan  # Welch's t-test over seeds: the ratio's noise, shown beside the class
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    candidate: str
+    baseline: str
+    go: bool
+    should_scale: bool
+    grades: list[MetricGrade]
+    red_lines: list[str] = field(default_factory=list)  # each red line crossed, as a sentence
+    reasons: list[str] = field(default_factory=list)  # why, in the order the rules were applied
+
+    def grade(self, metric: str) -> MetricGrade:
+        return next(g for g in self.grades if g.metric == metric)
+
+
+def _holds(condition: str, ratio: float) -> bool:
+    from rayb.study import parse_threshold
+
+    op, limit = parse_threshold(condition)
+    return _OPERATORS[op](ratio, limit)
+
+
+def grade_ratio(rule: MetricRule, ratio: float) -> str:
+    """The best class whose condition the ratio meets."""
+    for grade in reversed(GRADES[1:]):
+        if _holds(getattr(rule, grade), ratio):
+            return grade
+    return GRADES[0]
+
+
+def _values(rows: pd.DataFrame, column: str) -> np.ndarray:
+    return finite_values(rows[column].to_numpy(dtype=float)) if column in rows else np.empty(0)
+
+
+def measure(name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame) -> MetricGrade:
+    """Grade one metric from the two models' seed rows."""
+    cand_values, base_values = _values(candidate, rule.column), _values(baseline, rule.column)
+    cand = float(cand_values.mean()) if cand_values.size else math.nan
+    base = float(base_values.mean()) if base_values.size else math.nan
+    if not (math.isfinite(cand) and math.isfinite(base)) or base == 0:
+        return MetricGrade(name, rule.column, cand, base, math.nan, NOT_MEASURED, False)
+    ratio = cand / base
+    better = ratio < 1 if rule.lower_is_better else ratio > 1
+    p_value = welch(cand_values, base_values)[1]
+    return MetricGrade(name, rule.column, cand, base, ratio, grade_ratio(rule, ratio), better, p_value)
+
+
+def loss_spikes(
+    steps: list[int], losses: list[float], factor: float, window: int
+) -> list[tuple[int, float, float]]:
+    """(step, loss, running average) wherever a training loss exceeds `factor` × the mean of the
+    `window` losses before it. The first `window` steps (warm-up, falling fast) are never judged."""
+    values = np.asarray(losses, dtype=float)
+    spikes = []
+    for i in range(window, len(values)):
+        average = float(values[i - window : i].mean())
+        if not values[i] <= factor * average:  # a NaN or inf loss is a spike too
+            spikes.append((int(steps[i]), float(values[i]), average))
+    return spikes
+
+
+def _spike_lines(spec: GateSpec, candidate: pd.DataFrame) -> list[str]:
+    lines = []
+    for row in candidate.itertuples(index=False):
+        steps, losses = getattr(row, "curve_step", None), getattr(row, "curve_train_loss", None)
+        if steps is None or losses is None or (isinstance(losses, float) and math.isnan(losses)):
+            continue
+        spikes = loss_spikes(list(steps), list(losses), spec.max_loss_spike, spec.spike_window)
+        if spikes:
+            step, loss, average = spikes[0]
+            more = f" (and {len(spikes) - 1} more)" if len(spikes) > 1 else ""
+            lines.append(
+                f"loss spike: seed {row.seed}, step {step}: training loss {loss:.4g} > {spec.max_loss_spike:g} × "
+                f"its {spec.spike_window}-step running average {average:.4g}{more}"
+            )
+    return lines
+
+
+def _describe(g: MetricGrade, rule: MetricRule) -> str:
+    if g.grade == NOT_MEASURED:
+        suite = g.column.split(".", 1)[0] if "." in g.column else None
+        why = "baseline mean is 0" if g.baseline == 0 else f"no finite {g.column} for both models"
+        hint = f" (add the `{suite}` suite to eval)" if suite and not math.isfinite(g.candidate) else ""
+        return f"{g.metric}: not measured, {why}{hint}"
+    thresholds = f"good {rule.good}, promising {rule.promising}, excellent {rule.excellent}"
+    noise = (
+        f"; Welch p = {g.p_value:.2g} over seeds" if math.isfinite(g.p_value) else "; one seed, no p-value"
+    )
+    return (
+        f"{g.metric}: {g.column} {g.candidate:.4g} vs {g.baseline:.4g}, ratio {g.ratio:.3f} → {g.grade} "
+        f"({thresholds}){noise}"
+    )
+
+
+def _red_lines(spec: GateSpec, grades: dict[str, MetricGrade]) -> tuple[list[str], list[str]]:
+    """(red lines crossed, red lines that could not be checked)."""
+    crossed, unchecked = [], []
+    for line in spec.red_lines:
+        g = grades[line.metric]
+        if g.grade == NOT_MEASURED:
+            unchecked.append(f"red line on {line.metric} not checked: {line.metric} not measured")
+        elif line.above is not None and g.ratio > line.above:
+            crossed.append(f"{line.metric} ratio {g.ratio:.3f} is above the red line {line.above:g}")
+        elif line.below is not None and g.ratio < line.below:
+            crossed.append(f"{line.metric} ratio {g.ratio:.3f} is below the red line {line.below:g}")
+    return crossed, unchecked
+
+
+def _at_least(grade: str, floor: str) -> bool:
+    return grade in GRADES and GRADES.index(grade) >= GRADES.index(floor)
+
+
+def _should_scale(spec: GateSpec, grades: dict[str, MetricGrade], crossed: list[str]) -> tuple[bool, str]:
+    rule = spec.should_scale
+    loss = grades[spec.loss_metric]
+    advantages = [
+        g.metric for name, g in grades.items()
+        if name != spec.loss_metric and g.better and _at_least(g.grade, rule.advantage_class)
+    ]  # fmt: skip
+    named = ", ".join(advantages) or "none"
+    if crossed:
+        return False, "should scale: no, a red line is crossed"
+    if loss.grade == NOT_MEASURED:
+        return False, f"should scale: no, {spec.loss_metric} not measured"
+    if loss.ratio <= rule.max_loss_ratio and len(advantages) >= rule.advantages:
+        return True, (
+            f"should scale: yes, loss ratio {loss.ratio:.3f} ≤ {rule.max_loss_ratio:g} with "
+            f"{len(advantages)} advantages ({named}; {rule.advantages} needed)"
+        )
+    if advantages and loss.ratio < rule.single_advantage_loss_ratio:
+        return True, (
+            f"should scale: yes, loss ratio {loss.ratio:.3f} < {rule.single_advantage_loss_ratio:g} "
+            f"with an advantage ({named})"
+        )
+    return False, (
+        f"should scale: no, loss ratio {loss.ratio:.3f} with {len(advantages)} advantage(s) ({named}); "
+        f"needs ≤ {rule.max_loss_ratio:g} with {rule.advantages}, or < {rule.single_advantage_loss_ratio:g} with 1"
+    )
+
+
+def decide(
+    spec: GateSpec, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str]
+) -> GateDecision:
+    """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr)."""
+    grades = {name: measure(name, rule, candidate, baseline) for name, rule in spec.metrics.items()}
+    reasons = [_describe(g, spec.metrics[name]) for name, g in grades.items()]
+
+    excellent = sum(g.grade == "excellent" for g in grades.values())
+    promising = sum(_at_least(g.grade, "promising") for g in grades.values())
+    passed = excellent >= spec.pass_excellent or promising >= spec.pass_promising
+    reasons.append(
+        f"pass rule {'met' if passed else 'not met'}: {excellent} excellent (≥ {spec.pass_excellent} passes), "
+        f"{promising} promising or better (≥ {spec.pass_promising} passes)"
+    )
+    crossed, unchecked = _red_lines(spec, grades)
+    if spec.max_loss_spike is not None:
+        crossed += _spike_lines(spec, candidate)
+    reasons += [f"red line: {line}" for line in crossed] + unchecked
+    scale, why = _should_scale(spec, grades, crossed)
+    reasons.append(why)
+    return GateDecision(
+        candidate=names[0], baseline=names[1], go=passed and not crossed, should_scale=scale,
+        grades=list(grades.values()), red_lines=crossed, reasons=reasons,
+    )  # fmt: skip
+
+
+def gate_all(spec: GateSpec, selected: pd.DataFrame, reference: str) -> list[GateDecision]:
+    """The gate for every candidate (default: every model but the reference) in `selected`, the
+    results rows of each model at its selected learning rate."""
+    by_model = {str(m): rows for m, rows in selected.groupby("model", sort=False)}
+    if reference not in by_model:
+        return []
+    candidates = spec.candidates or [m for m in by_model if m != reference]
+    return [
+        decide(spec, by_model[name], by_model[reference], (name, reference))
+        if name in by_model
+        else GateDecision(
+            name,
+            reference,
+            go=False,
+            should_scale=False,
+            grades=[],
+            reasons=[f"{name} has no finished trial to gate"],
+        )  # fmt: skip
+        for name in candidates
+    ]

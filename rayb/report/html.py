@@ -1,0 +1,37 @@
+"""The report as one self-contained HTML page: the markdown report rendered by markdown-it, with its
+figures inlined as data URIs and its style in the page, so it opens anywhere, offline, as one file."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from markdown_it import MarkdownIt
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1200px; margin: 2em auto;
+       padding: 0 1em; color: #1d1d1f; line-height: 1.45; }
+h1 { border-bottom: 2px solid #444; padding-bottom: .2em; }
+h2 { border-bottom: 1px solid #ccc; padding-bottom: .15em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .88em; display: block; overflow-x: auto; }
+th, td { border: 1px solid #d0d0d0; padding: .3em .6em; text-align: right; white-space: nowrap; }
+th { background: #f3f3f3; }
+td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; border: 1px solid #e4e4e4; }
+code { background: #f4f4f4; padding: 0 .2em; }
+pre { background: #f6f6f6; padding: .8em; overflow-x: auto; font-size: .85em; }
+"""
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def to_html(markdown_text: str, title: str) -> str:
+    """`markdown_text` (whose images are already data URIs) as a standalone HTML document.
+    Raw HTML in the markdown is escaped, not passed through: cells hold user-supplied names."""
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown_text)
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"
+    )

@@ -1,0 +1,223 @@
+"""The go/no-go gate on hand-made results tables: every class, the pass rule, every red line,
+should_scale's branches, unmeasured metrics, and the gate's validation in the study file."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from conftest import tiny_study_dict
+
+from rayb.analysis.gate import gate_all, grade_ratio, loss_spikes
+from rayb.study import GateSpec, MetricRule, StudyError, parse_study
+
+BASE = {"loss": 3.0, "state": 0.40, "speed": 100.0, "memory": 1000.0}
+STEPS = list(range(1, 41))
+SMOOTH = [3.0 + 2.0 * 0.9**s for s in STEPS]
+
+
+def _rows(
+    model: str, loss: float, state: float | None, speed: float, memory: float, curve=SMOOTH
+) -> list[dict]:
+    """Two seeds with the given means (±1% either side)."""
+    rows = []
+    for sign in (-1, 1):
+        row = {
+            "model": model, "arch": model, "lr": 1e-3, "seed": (sign + 1) // 2, "status": "ok",
+            "val_loss": loss * (1 + 0.01 * sign), "speed.gen_tokens_per_s": speed * (1 + 0.01 * sign),
+            "speed.gen_peak_bytes": memory * (1 + 0.01 * sign), "curve_step": STEPS, "curve_train_loss": curve,
+        }  # fmt: skip
+        if state is not None:
+            row["statefulness.accuracy"] = state * (1 + 0.01 * sign)
+        rows.append(row)
+    return rows
+
+
+def decide(loss=1.0, state=1.0, speed=1.0, memory=1.0, curve=SMOOTH, spec=None):
+    """The default gate for one candidate whose metrics are the given ratios of the baseline's."""
+    table = pd.DataFrame(
+        _rows("base", **BASE)
+        + _rows(
+            "cand",
+            BASE["loss"] * loss,
+            None if state is None else BASE["state"] * state,
+            BASE["speed"] * speed,
+            BASE["memory"] * memory,
+            curve,
+        )  # fmt: skip
+    )
+    (decision,) = gate_all(spec or GateSpec(), table, "base")
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("metric", "ratio", "grade"),
+    [
+        ("loss", 0.99, "excellent"), ("loss", 1.0, "promising"), ("loss", 1.05, "promising"),
+        ("loss", 1.10, "good"), ("loss", 1.15, "good"), ("loss", 1.16, "below good"),
+        ("statefulness", 1.5, "excellent"), ("statefulness", 1.3, "promising"), ("statefulness", 1.1, "good"),
+        ("statefulness", 1.05, "below good"),
+        ("speed", 2.0, "excellent"), ("speed", 1.5, "promising"), ("speed", 1.2, "good"), ("speed", 1.1, "below good"),
+        ("memory", 0.5, "excellent"), ("memory", 0.8, "promising"), ("memory", 1.0, "good"),
+        ("memory", 1.01, "below good"),
+    ],
+)  # fmt: skip
+def test_default_classes_follow_the_written_gate(metric, ratio, grade):
+    assert grade_ratio(GateSpec().metrics[metric], ratio) == grade
+
+
+def test_one_excellent_metric_passes():
+    d = decide(loss=1.10, speed=2.5)  # loss good, speed excellent, the rest equal
+    assert d.go
+    assert d.grade("speed").grade == "excellent" and d.grade("loss").grade == "good"
+    assert any(r.startswith("pass rule met: 1 excellent") for r in d.reasons)
+
+
+def test_two_promising_metrics_pass():
+    d = decide(loss=1.03, speed=1.6)
+    assert d.go and [d.grade(m).grade for m in ("loss", "speed")] == ["promising", "promising"]
+
+
+def test_one_promising_metric_does_not_pass():
+    d = decide(loss=1.03, speed=1.3)  # promising + good
+    assert not d.go and not d.red_lines
+    assert any(r.startswith("pass rule not met: 0 excellent") for r in d.reasons)
+
+
+def test_loss_red_line_stops_an_otherwise_passing_candidate():
+    d = decide(loss=1.35, speed=3.0, memory=0.3)  # two excellent, but loss 1.35× the baseline's
+    assert not d.go and not d.should_scale
+    assert d.red_lines == ["loss ratio 1.350 is above the red line 1.3"]
+
+
+def test_statefulness_below_baseline_is_a_red_line():
+    d = decide(loss=0.9, state=0.95)
+    assert not d.go
+    assert d.red_lines == ["statefulness ratio 0.950 is below the red line 1"]
+
+
+def test_a_loss_spike_is_a_red_line():
+    spiked = list(SMOOTH)
+    spiked[30] = 7.0  # the running average is ~3.3 there
+    d = decide(loss=0.9, curve=spiked)
+    assert not d.go
+    assert len(d.red_lines) == 2  # one per seed (both share the curve)
+    assert "step 31: training loss 7 > 2 × its 20-step running average" in d.red_lines[0]
+
+
+def test_loss_spikes_ignore_warmup_and_catch_nan():
+    falling = [10.0, 5.0, 2.0, 1.0, 1.0, 1.0]
+    assert loss_spikes(list(range(6)), falling, factor=2.0, window=3) == []
+    assert loss_spikes(list(range(6)), [*falling[:5], math.nan], 2.0, 3)[0][0] == 5
+    assert loss_spikes([0, 1, 2, 3], [1.0, 1.0, 1.0, 2.5], 2.0, 3) == [(3, 2.5, 1.0)]
+    assert loss_spikes([0, 1, 2, 3], [1.0, 1.0, 1.0, 2.0], 2.0, 3) == []  # exactly 2× is not above it
+
+
+def test_should_scale_with_two_advantages():
+    d = decide(loss=1.12, speed=1.3, state=1.2)  # loss within 15%, speed and statefulness good and better
+    assert d.should_scale
+    assert (
+        "should scale: yes, loss ratio 1.120 ≤ 1.15 with 2 advantages (statefulness, speed" in d.reasons[-1]
+    )
+
+
+def test_should_scale_with_one_advantage_needs_loss_within_5_percent():
+    assert decide(loss=1.04, speed=1.3).should_scale
+    no = decide(loss=1.08, speed=1.3)
+    assert not no.should_scale and no.reasons[-1].startswith(
+        "should scale: no, loss ratio 1.080 with 1 advantage"
+    )
+
+
+def test_should_not_scale_when_loss_is_too_far_behind():
+    d = decide(loss=1.2, speed=3.0, memory=0.3, state=2.0)  # three advantages, loss 20% worse
+    assert d.go and not d.should_scale  # the pass rule holds (excellent metrics); scaling does not
+
+
+def test_equal_memory_is_good_but_not_an_advantage():
+    d = decide(loss=1.04, memory=1.0)
+    assert d.grade("memory").grade == "good" and not d.grade("memory").better
+    assert not d.should_scale
+
+
+def test_unmeasured_metric_is_reported_and_its_red_line_unchecked():
+    d = decide(loss=0.9, state=None)
+    assert d.grade("statefulness").grade == "not measured"
+    assert (
+        "statefulness: not measured, no finite statefulness.accuracy for both models (add the `statefulness` suite to eval)"
+        in d.reasons
+    )
+    assert "red line on statefulness not checked: statefulness not measured" in d.reasons
+    assert d.go  # loss is excellent, and an unmeasured metric stops nothing
+
+
+def test_zero_baseline_is_not_measured():
+    table = pd.DataFrame(_rows("base", 3.0, 0.0, 100.0, 1000.0) + _rows("cand", 2.9, 0.2, 100.0, 1000.0))
+    (d,) = gate_all(GateSpec(), table, "base")
+    assert d.grade("statefulness").grade == "not measured"
+    assert any("baseline mean is 0" in r for r in d.reasons)
+
+
+def test_named_candidate_without_trials_fails_the_gate():
+    table = pd.DataFrame(_rows("base", **BASE))
+    (d,) = gate_all(GateSpec(candidates=["ghost"]), table, "base")
+    assert not d.go and d.reasons == ["ghost has no finished trial to gate"]
+
+
+def test_custom_gate_from_the_study_file():
+    gate = {
+        "metrics": {"speed": {"column": "speed.gen_tokens_per_s", "good": ">= 1.5", "promising": ">= 3",
+                              "excellent": ">= 5"}, "memory": None},
+        "pass_promising": 1, "red_lines": [{"metric": "loss", "above": 1.1}], "max_loss_spike": None,
+    }  # fmt: skip
+    spec = parse_study(tiny_study_dict(verdict={"gate": gate})).verdict.gate
+    assert set(spec.metrics) == {"loss", "statefulness", "speed"}  # merged over the defaults, memory dropped
+    spiked = list(SMOOTH)
+    spiked[30] = 9.0
+    d = decide(loss=1.08, speed=2.0, spec=spec, curve=spiked)  # one "good" speed: not enough any more
+    assert not d.go and not d.red_lines  # spikes are off
+    assert decide(loss=1.04, spec=spec).go  # one promising passes with pass_promising: 1
+    assert decide(loss=1.12, speed=9.0, spec=spec).red_lines == ["loss ratio 1.120 is above the red line 1.1"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "message"),
+    [
+        ({"metrics": {"loss": {"column": "val_loss", "good": "<= 1.1", "promising": ">= 1.2", "excellent": "< 1"}}},
+         "must all say lower is better"),
+        ({"metrics": {"loss": {"column": "val_loss", "good": "<= 1.0", "promising": "<= 1.1", "excellent": "< 0.9"}}},
+         "excellent must be at least as strict as promising"),
+        ({"metrics": {"loss": {"column": "val_los", "good": "<= 1.1", "promising": "<= 1", "excellent": "< 1"}}},
+         "'val_los' is not a results column"),
+        ({"metrics": {"loss": {"column": "val_loss", "good": "about 1", "promising": "<= 1", "excellent": "< 1"}}},
+         "'about 1' is not a ratio condition"),
+        ({"red_lines": [{"metric": "latency", "above": 2}]}, "red_lines.0.metric 'latency' is not under gate.metrics"),
+        ({"red_lines": [{"metric": "loss", "above": 2, "below": 1}]}, "give exactly one of above or below"),
+        ({"candidates": ["nobody"]}, "verdict.gate.candidates: 'nobody' is not a model label"),
+        ({"pass_excelent": 1}, "verdict.gate.pass_excelent: unknown field"),
+    ],
+)  # fmt: skip
+def test_invalid_gate_is_rejected_naming_the_field(gate, message):
+    with pytest.raises(StudyError) as err:
+        parse_study(tiny_study_dict(verdict={"gate": gate}))
+    assert "verdict" in str(err.value) and message in str(err.value)
+
+
+def test_metric_rule_direction():
+    assert MetricRule(column="val_loss", good="<= 1.2", promising="<= 1.1", excellent="< 1").lower_is_better
+    assert not GateSpec().metrics["speed"].lower_is_better
+
+
+def test_validate_warns_about_gate_metrics_no_suite_measures(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from rayb.cli import app
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump(tiny_study_dict(eval=["lm", "statefulness"])))
+    result = CliRunner().invoke(app, ["validate", str(study)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "gate metric speed reads speed.gen_tokens_per_s, which no eval suite" in result.output
+    assert "gate metric statefulness" not in result.output and "gate metric loss" not in result.output
