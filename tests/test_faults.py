@@ -86,5 +86,7 @@ def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path)
     assert table.loc["unstable", "steps"] == 3
     assert table.loc["gpt2", "status"] == "ok"
     verdict = json.loads((study_dir / "results.json").read_text())
-    assert {"model": "unstable", "seed": 0, "lr": 0.003, "status": "diverged"} in verdict["excluded"]
+    assert {"model": "unstable", "seed": 0, "lr": 0.003, "status": "diverged", "step": 3} in verdict[
+        "excluded"
+    ]
     assert [r["model"] for r in verdict["rows"]] == ["gpt2"]

@@ -82,7 +82,7 @@ def _rows() -> list[dict]:
         for seed in SEEDS
     ]
     diverged = _trial("rwkv", "rwkv", LRS[1], 3, MODELS["rwkv"][1])
-    diverged.update(status="diverged", val_loss=math.nan, val_ppl=math.nan, val_bpb=math.nan)
+    diverged.update(status="diverged", steps=37, val_loss=math.nan, val_ppl=math.nan, val_bpb=math.nan)
     return rows + [diverged]
 
 
@@ -146,7 +146,7 @@ def test_verdict_identifies_better_model(results):
     assert {(c.candidate, c.metric) for c in v.comparisons} == {
         (m, metric) for m in ("mamba", "rwkv") for metric in ("val_loss", "val_bpb")
     }
-    assert v.excluded == [{"model": "rwkv", "seed": 3, "lr": LRS[1], "status": "diverged"}]
+    assert v.excluded == [{"model": "rwkv", "seed": 3, "lr": LRS[1], "status": "diverged", "step": 37}]
 
 
 def test_unknown_reference_raises(results):

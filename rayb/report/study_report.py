@@ -118,9 +118,10 @@ def _excluded_trials(df: pd.DataFrame) -> list[dict]:
     """Trials that did not finish "ok" (any learning rate): they never enter a mean."""
     bad = df[df["status"] != OK_STATUS]
     return [
-        {"model": str(r.model), "seed": int(r.seed), "lr": float(r.lr), "status": str(r.status)}
+        {"model": str(r.model), "seed": int(r.seed), "lr": float(r.lr), "status": str(r.status),
+         "step": int(getattr(r, "steps", 0))}  # the step a diverged trial stopped at
         for r in bad.itertuples(index=False)
-    ]
+    ]  # fmt: skip
 
 
 def _non_finite_trials(best: pd.DataFrame) -> list[dict]:
@@ -130,7 +131,15 @@ def _non_finite_trials(best: pd.DataFrame) -> list[dict]:
         bad = [m for m in SUMMARY_METRICS if not math.isfinite(float(getattr(r, m)))]
         if bad:
             status = "non-finite " + ", ".join(bad)
-            out.append({"model": str(r.model), "seed": int(r.seed), "lr": float(r.lr), "status": status})
+            out.append(
+                {
+                    "model": str(r.model),
+                    "seed": int(r.seed),
+                    "lr": float(r.lr),
+                    "status": status,
+                    "step": int(getattr(r, "steps", 0)),
+                }
+            )
     return out
 
 
@@ -515,8 +524,16 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
     parts += efficiency_section(report.efficiency, verdict.reference, _image(report, "pareto.png", image_src))
     parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png", image_src))
     if verdict.excluded:
-        rows = [[e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"]] for e in verdict.excluded]
-        parts += ["## Excluded trials", "", markdown_table(("model", "lr", "seed", "status"), rows), ""]
+        rows = [
+            [e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"], str(e.get("step", "—"))]
+            for e in verdict.excluded
+        ]
+        parts += [
+            "## Excluded trials",
+            "",
+            markdown_table(("model", "lr", "seed", "status", "step"), rows),
+            "",
+        ]
     parts += benchmark_tables(verdict, report.table)
     parts += ["### Context scaling", ""]
     parts += _figure_line(
