@@ -180,7 +180,7 @@ def test_write_report(results, tmp_path):
     assert "# Study report: toy" in md and "## Verdict" in md
     assert "- Gate, **mamba** vs **gpt**: **GO**; should_scale: yes." in md
     assert "- Gate, **rwkv** vs **gpt**: **NO-GO** (1 red line); should_scale: no." in md
-    assert "red line: statefulness ratio" in md
+    assert "red line: statefulness ratio" in md and "| ratio | class | Welch p |" in md
     assert all(m in md for m in MODELS)
     assert "Excluded trials" in md and "diverged" in md
     assert "**mamba** beats **gpt**" in md

@@ -49,14 +49,12 @@ def gate_section(decisions: list[GateDecision]) -> list[str]:
     for d in decisions:
         parts += [f"### {d.candidate} vs {d.baseline}", "", gate_headline(d), ""]
         rows = [
-            [g.metric, g.column, fmt(g.candidate), fmt(g.baseline), fmt(g.ratio, ".3f"), g.grade]
+            [g.metric, g.column, fmt(g.candidate), fmt(g.baseline), fmt(g.ratio, ".3f"), g.grade, fmt(g.p_value, ".2g")]
             for g in d.grades
-        ]
+        ]  # fmt: skip
         if rows:
-            parts += [
-                markdown_table(("metric", "column", d.candidate, d.baseline, "ratio", "class"), rows),
-                "",
-            ]
+            header = ("metric", "column", d.candidate, d.baseline, "ratio", "class", "Welch p")
+            parts += [markdown_table(header, rows), ""]
         parts += [f"- {reason}" for reason in d.reasons] + [""]
     return parts
 
