@@ -221,7 +221,7 @@ def test_scaling_fits_recover_the_law_and_extrapolate():
     fits = {f.arch: f for f in fit_all(selected_rows(full_results()), [125_000_000])}
     for arch, model in (("transformer", "gpt"), ("mamba", "mamba")):
         fit = fits[arch]
-        assert fit.error is None and fit.points == 9
+        assert fit.error is None and fit.warning is None and fit.points == 9
         assert fit.b_low < EXPONENTS[model] < fit.b_high
         truth = MODELS[model][1] + scaling_loss(125_000_000, EXPONENTS[model])
         loss, low, high = fit.predictions["125M"]
@@ -243,6 +243,14 @@ def test_scaling_curves_parallel_or_not():
     assert parallel(base, fit(0.3))[0] is True
     same, p = parallel(base, fit(0.15))
     assert same is False and p < 1e-3
+
+    # Larger models no better (undertrained at the budget): a fit is made, but flagged, and no
+    # parallelism is claimed from it.
+    rising = fit_arch(
+        "rising", params, 4.0 + 0.02 * np.log(params / 3e6) + rng.normal(0, 0.005, params.size), []
+    )
+    assert rising.error is None and rising.warning.startswith("the loss does not fall with size")
+    assert parallel(base, rising)[0] is None
 
 
 def test_full_report_has_every_section(tmp_path):

@@ -25,6 +25,7 @@ MIN_SIZES = 3  # three parameters need three sizes
 BOOTSTRAP_RESAMPLES = 300
 BOOTSTRAP_SEED = 0
 SCALE = 1e6  # fit in millions of parameters: the same curve, far better conditioned
+B_RANGE = (1e-4, 3.0)  # the exponents the fit may take; a bootstrap that reaches either end is undetermined
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ScalingFit:
     b_se: float = math.nan
     predictions: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # size -> (L, low, high)
     error: str | None = None  # why there is no fit
+    warning: str | None = None  # why the fit, though made, says little (then no extrapolation is trusted)
 
     def loss(self, n: float | np.ndarray) -> float | np.ndarray:
         return self.a * np.power(n, -self.b) + self.c
@@ -64,7 +66,7 @@ def fit_power_law(
     with warnings.catch_warnings():  # an exact fit (3 sizes, 1 seed) has no covariance: not our concern
         warnings.simplefilter("ignore", optimize.OptimizeWarning)
         params, _ = optimize.curve_fit(
-            _power_law, n, loss, p0=p0, jac=_jacobian, bounds=([1e-12, 1e-4, 0.0], [np.inf, 3.0, floor]),
+            _power_law, n, loss, p0=p0, jac=_jacobian, bounds=([1e-12, B_RANGE[0], 0.0], [np.inf, B_RANGE[1], floor]),
             maxfev=20_000,
         )  # fmt: skip
     return tuple(float(p) for p in params)
@@ -103,12 +105,29 @@ def fit_arch(arch: str, params: np.ndarray, loss: np.ndarray, extrapolate_to: Se
     central = _power_law(targets, a, b, c)
     return ScalingFit(
         arch, sizes, int(params.size), a=a * SCALE**b, b=b, c=c, b_low=float(b_low), b_high=float(b_high),
+        warning=_fit_warning(sizes, params, loss, float(b_low), float(b_high)),
         b_se=float(np.std(b_samples, ddof=1)) if len(b_samples) > 1 else math.nan,
         predictions={
             _size_name(int(t)): (float(central[i]), float(low[i]), float(high[i]))
             for i, t in enumerate(extrapolate_to)
         },
     )  # fmt: skip
+
+
+def _fit_warning(
+    sizes: list[int], params: np.ndarray, loss: np.ndarray, b_low: float, b_high: float
+) -> str | None:
+    """Why a fit says little about scaling: the loss does not fall with size (e.g. larger models
+    undertrained at this budget), or the bootstrap's exponents run to the ends of the allowed range."""
+    means = [float(loss[params == s].mean()) for s in sizes]
+    if means[-1] >= means[0]:
+        by_size = ", ".join(f"{_size_name(s)}: {m:.3f}" for s, m in zip(sizes, means, strict=True))
+        return f"the loss does not fall with size ({by_size}); this is no scaling law (undertrained larger models?)"
+    if not (B_RANGE[0] * 1.01 < b_low and b_high < B_RANGE[1] * 0.99):
+        return (
+            f"the exponent is not determined by these points (bootstrap b reaches the fit's bounds {B_RANGE})"
+        )
+    return None
 
 
 def _size_name(n: int) -> str:
@@ -130,9 +149,9 @@ def fit_all(selected: pd.DataFrame, extrapolate_to: Sequence[int], group: str = 
 
 def parallel(one: ScalingFit, other: ScalingFit, alpha: float = 0.05) -> tuple[bool | None, float]:
     """Whether two fits' exponents are equal within their bootstrap errors (a two-sided z-test);
-    None when either has no error estimate. Returns (parallel?, p-value)."""
+    None when either has no error estimate or carries a warning. Returns (parallel?, p-value)."""
     se = math.hypot(one.b_se, other.b_se)
-    if not math.isfinite(se) or se == 0:
+    if one.warning or other.warning or not math.isfinite(se) or se == 0:
         return None, math.nan
     p = float(2 * sps.norm.sf(abs(one.b - other.b) / se))
     return p >= alpha, p

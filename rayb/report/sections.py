@@ -111,11 +111,10 @@ def scaling_section(
     header = ("arch", "sizes", "points", "a", "b [95% CI]", "c", *(f"L({t}) [95% CI]" for t in targets))
     parts += [markdown_table(header, rows), ""]
     parts += [f"- {f.arch}: no fit, {f.error}" for f in fits if f.error is not None]
+    parts += [f"- ⚠ {f.arch}: {f.warning}" for f in fitted if f.warning]
     for arch, ref_arch, same, p in parallels:
         if same is None:
-            parts.append(
-                f"- {arch} vs {ref_arch}: cannot tell whether the curves are parallel (no error estimate)"
-            )
+            parts.append(f"- {arch} vs {ref_arch}: cannot tell whether the curves are parallel")
         else:
             verdict = "parallel (exponents equal within error)" if same else "not parallel"
             parts.append(f"- {arch} vs {ref_arch}: {verdict}, p = {p:.3g} for equal b")

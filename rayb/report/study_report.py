@@ -510,7 +510,7 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
         "## Verdict",
         "",
         *(f"- {gate_headline(d)}" for d in report.gate),
-        "" if report.gate else "No gated candidate.",
+        "",
         verdict_text(verdict),
         "",
         "## Comparison",
