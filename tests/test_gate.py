@@ -139,6 +139,19 @@ def test_equal_memory_is_good_but_not_an_advantage():
     d = decide(loss=1.04, memory=1.0)
     assert d.grade("memory").grade == "good" and not d.grade("memory").better
     assert not d.should_scale
+    barely = decide(loss=1.04, memory=0.999)  # better, but only as "good enough" as equal memory
+    assert barely.grade("memory").better and not barely.should_scale
+    assert decide(loss=1.04, memory=0.8).should_scale  # promising: 20% less is an advantage
+
+
+def test_advantage_floor_is_the_first_class_beyond_parity():
+    from rayb.analysis.gate import advantage_floor
+
+    metrics = GateSpec().metrics
+    assert advantage_floor(metrics["memory"], "good") == "promising"
+    assert advantage_floor(metrics["speed"], "good") == "good"
+    assert advantage_floor(metrics["statefulness"], "promising") == "promising"
+    assert advantage_floor(metrics["loss"], "good") == "excellent"  # "< 1.0": better, strictly
 
 
 def test_unmeasured_metric_is_reported_and_its_red_line_unchecked():
@@ -221,3 +234,19 @@ def test_validate_warns_about_gate_metrics_no_suite_measures(tmp_path):
     assert result.exit_code == 0, result.output
     assert "gate metric speed reads speed.gen_tokens_per_s, which no eval suite" in result.output
     assert "gate metric statefulness" not in result.output and "gate metric loss" not in result.output
+
+
+def test_speed_measured_over_different_generation_lengths_is_not_comparable():
+    table = pd.DataFrame(_rows("base", **BASE) + _rows("cand", 2.9, 0.4, 300.0, 300.0))
+    table["speed.gen_tokens"] = [112, 112, 256, 256]  # the baseline's position table stopped it early
+    (d,) = gate_all(GateSpec(), table, "base")
+    assert d.grade("speed").grade == d.grade("memory").grade == "not comparable"
+    assert (
+        "speed: not comparable, measured under different conditions (speed.gen_tokens: cand 256, base 112)"
+        in d.reasons
+    )
+    assert any(r.startswith("pass rule met: 1 excellent") for r in d.reasons)  # only the loss counts
+    assert d.should_scale is False  # no comparable advantage besides the loss
+    table["speed.gen_tokens"] = 256
+    (same,) = gate_all(GateSpec(), table, "base")
+    assert same.grade("speed").grade == "excellent" and same.should_scale

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from rayb.study import GateSpec, MetricRule
 
 GRADES = ("below good", "good", "promising", "excellent")
-"""Classes from worst to best; "not measured" is outside the order."""
+"""Classes from worst to best; UNGRADED metrics are outside the order, and count for nothing."""
 
 NOT_MEASURED = "not measured"
+NOT_COMPARABLE = "not comparable"  # measured under different conditions (e.g. generation lengths)
+UNGRADED = (NOT_MEASURED, NOT_COMPARABLE)
 
 _OPERATORS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
@@ -40,7 +42,7 @@ class MetricGrade:
     candidate: float  # mean over the candidate's seeds
     baseline: float
     ratio: float  # candidate / baseline; NaN when not measured
-    grade: str  # one of GRADES, or NOT_MEASURED
+    grade: str  # one of GRADES, or one of UNGRADED
     better: bool  # strictly better than the baseline in the metric's direction
     p_value: float = math.nan  # Welch's t-test over seeds: the ratio's noise, shown beside the class
 
@@ -78,6 +80,14 @@ def _values(rows: pd.DataFrame, column: str) -> np.ndarray:
     return finite_values(rows[column].to_numpy(dtype=float)) if column in rows else np.empty(0)
 
 
+def _conditions(rule: MetricRule, rows: pd.DataFrame) -> dict[str, list]:
+    return {c: sorted(set(_values(rows, c).tolist())) for c in rule.conditions}
+
+
+def _conditions_differ(rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame) -> bool:
+    return _conditions(rule, candidate) != _conditions(rule, baseline)
+
+
 def measure(name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame) -> MetricGrade:
     """Grade one metric from the two models' seed rows."""
     cand_values, base_values = _values(candidate, rule.column), _values(baseline, rule.column)
@@ -85,6 +95,8 @@ def measure(name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.D
     base = float(base_values.mean()) if base_values.size else math.nan
     if not (math.isfinite(cand) and math.isfinite(base)) or base == 0:
         return MetricGrade(name, rule.column, cand, base, math.nan, NOT_MEASURED, False)
+    if _conditions_differ(rule, candidate, baseline):
+        return MetricGrade(name, rule.column, cand, base, cand / base, NOT_COMPARABLE, False)
     ratio = cand / base
     better = ratio < 1 if rule.lower_is_better else ratio > 1
     p_value = welch(cand_values, base_values)[1]
@@ -122,7 +134,23 @@ def _spike_lines(spec: GateSpec, candidate: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _describe(g: MetricGrade, rule: MetricRule) -> str:
+def _differences(
+    rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str]
+) -> str:
+    cand, base = _conditions(rule, candidate), _conditions(rule, baseline)
+    return "; ".join(
+        f"{column}: {names[0]} {_listed(cand[column])}, {names[1]} {_listed(base[column])}"
+        for column in rule.conditions if cand[column] != base[column]
+    )  # fmt: skip
+
+
+def _listed(values: list) -> str:
+    return "/".join(f"{v:g}" for v in values) or "none"
+
+
+def _describe(g: MetricGrade, rule: MetricRule, differ: str) -> str:
+    if g.grade == NOT_COMPARABLE:
+        return f"{g.metric}: not comparable, measured under different conditions ({differ})"
     if g.grade == NOT_MEASURED:
         suite = g.column.split(".", 1)[0] if "." in g.column else None
         why = "baseline mean is 0" if g.baseline == 0 else f"no finite {g.column} for both models"
@@ -143,8 +171,8 @@ def _red_lines(spec: GateSpec, grades: dict[str, MetricGrade]) -> tuple[list[str
     crossed, unchecked = [], []
     for line in spec.red_lines:
         g = grades[line.metric]
-        if g.grade == NOT_MEASURED:
-            unchecked.append(f"red line on {line.metric} not checked: {line.metric} not measured")
+        if g.grade in UNGRADED:
+            unchecked.append(f"red line on {line.metric} not checked: {line.metric} {g.grade}")
         elif line.above is not None and g.ratio > line.above:
             crossed.append(f"{line.metric} ratio {g.ratio:.3f} is above the red line {line.above:g}")
         elif line.below is not None and g.ratio < line.below:
@@ -156,18 +184,35 @@ def _at_least(grade: str, floor: str) -> bool:
     return grade in GRADES and GRADES.index(grade) >= GRADES.index(floor)
 
 
+def _beyond_parity(condition: str) -> bool:
+    """Whether meeting the condition means being better than the baseline, not just as good."""
+    from rayb.study import parse_threshold
+
+    op, limit = parse_threshold(condition)
+    return {"<": limit <= 1, "<=": limit < 1, ">": limit >= 1, ">=": limit > 1}[op]
+
+
+def advantage_floor(rule: MetricRule, advantage_class: str) -> str:
+    """The lowest class, from `advantage_class` up, that is an advantage for this metric: one whose
+    threshold is itself better than parity (memory's "good enough" is "equal": its floor is promising)."""
+    for grade in GRADES[GRADES.index(advantage_class) :]:
+        if _beyond_parity(getattr(rule, grade)):
+            return grade
+    return GRADES[-1]
+
+
 def _should_scale(spec: GateSpec, grades: dict[str, MetricGrade], crossed: list[str]) -> tuple[bool, str]:
     rule = spec.should_scale
     loss = grades[spec.loss_metric]
     advantages = [
         g.metric for name, g in grades.items()
-        if name != spec.loss_metric and g.better and _at_least(g.grade, rule.advantage_class)
+        if name != spec.loss_metric and _at_least(g.grade, advantage_floor(spec.metrics[name], rule.advantage_class))
     ]  # fmt: skip
     named = ", ".join(advantages) or "none"
     if crossed:
         return False, "should scale: no, a red line is crossed"
-    if loss.grade == NOT_MEASURED:
-        return False, f"should scale: no, {spec.loss_metric} not measured"
+    if loss.grade in UNGRADED:
+        return False, f"should scale: no, {spec.loss_metric} {loss.grade}"
     if loss.ratio <= rule.max_loss_ratio and len(advantages) >= rule.advantages:
         return True, (
             f"should scale: yes, loss ratio {loss.ratio:.3f} ≤ {rule.max_loss_ratio:g} with "
@@ -189,7 +234,10 @@ def decide(
 ) -> GateDecision:
     """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr)."""
     grades = {name: measure(name, rule, candidate, baseline) for name, rule in spec.metrics.items()}
-    reasons = [_describe(g, spec.metrics[name]) for name, g in grades.items()]
+    reasons = [
+        _describe(g, rule, _differences(rule, candidate, baseline, names))
+        for (name, rule), g in zip(spec.metrics.items(), grades.values(), strict=True)
+    ]
 
     excellent = sum(g.grade == "excellent" for g in grades.values())
     promising = sum(_at_least(g.grade, "promising") for g in grades.values())
