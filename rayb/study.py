@@ -400,6 +400,11 @@ class GateSpec(_Strict):
         description="red line: a training loss above this × its running average (null: off)",
     )
     spike_window: int = Field(default=20, ge=2, description="steps in the running average of the spike check")
+    significance_alpha: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="grade a difference that is not significant (Welch p ≥ this over seeds) as parity; "
+        "null (the default, as the written gate) grades the ratio of means as it is",
+    )  # fmt: skip
     should_scale: ScaleRule = ScaleRule()
 
     @field_validator("metrics", mode="before")

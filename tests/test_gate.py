@@ -250,3 +250,17 @@ def test_speed_measured_over_different_generation_lengths_is_not_comparable():
     table["speed.gen_tokens"] = 256
     (same,) = gate_all(GateSpec(), table, "base")
     assert same.grade("speed").grade == "excellent" and same.should_scale
+
+
+def test_significance_alpha_grades_noise_as_parity():
+    noisy = pd.DataFrame(_rows("base", **BASE) + _rows("cand", 2.0, 0.5, 100.0, 1000.0))
+    noisy.loc[noisy.model == "cand", "statefulness.accuracy"] = [0.30, 0.70]  # mean 0.5, but all over
+    (plain,) = gate_all(GateSpec(), noisy, "base")
+    assert plain.grade("statefulness").grade == "promising"  # ratio 1.25 of the means, as written
+    (strict,) = gate_all(GateSpec(significance_alpha=0.05), noisy, "base")
+    state = strict.grade("statefulness")
+    assert state.at_parity and state.grade == "below good" and state.ratio == pytest.approx(1.25)
+    assert any("not significant: graded as parity (ratio 1)" in r for r in strict.reasons)
+    assert (
+        strict.grade("loss").grade == "excellent" and not strict.grade("loss").at_parity
+    )  # 2.9 vs 3.0, tight

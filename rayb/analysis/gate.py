@@ -45,6 +45,7 @@ class MetricGrade:
     grade: str  # one of GRADES, or one of UNGRADED
     better: bool  # strictly better than the baseline in the metric's direction
     p_value: float = math.nan  # Welch's t-test over seeds: the ratio's noise, shown beside the class
+    at_parity: bool = False  # graded as ratio 1: not significant under the gate's significance_alpha
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,11 @@ def _conditions_differ(rule: MetricRule, candidate: pd.DataFrame, baseline: pd.D
     return _conditions(rule, candidate) != _conditions(rule, baseline)
 
 
-def measure(name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame) -> MetricGrade:
-    """Grade one metric from the two models' seed rows."""
+def measure(
+    name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame, alpha: float | None = None
+) -> MetricGrade:
+    """Grade one metric from the two models' seed rows. With `alpha`, a difference that is not
+    significant (Welch p ≥ alpha, or too few seeds to tell) is graded as parity: ratio 1."""
     cand_values, base_values = _values(candidate, rule.column), _values(baseline, rule.column)
     cand = float(cand_values.mean()) if cand_values.size else math.nan
     base = float(base_values.mean()) if base_values.size else math.nan
@@ -98,8 +102,10 @@ def measure(name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.D
     if _conditions_differ(rule, candidate, baseline):
         return MetricGrade(name, rule.column, cand, base, cand / base, NOT_COMPARABLE, False)
     ratio = cand / base
-    better = ratio < 1 if rule.lower_is_better else ratio > 1
     p_value = welch(cand_values, base_values)[1]
+    if alpha is not None and not p_value < alpha:
+        return MetricGrade(name, rule.column, cand, base, ratio, grade_ratio(rule, 1.0), False, p_value, True)
+    better = ratio < 1 if rule.lower_is_better else ratio > 1
     return MetricGrade(name, rule.column, cand, base, ratio, grade_ratio(rule, ratio), better, p_value)
 
 
@@ -158,8 +164,10 @@ def _describe(g: MetricGrade, rule: MetricRule, differ: str) -> str:
         return f"{g.metric}: not measured, {why}{hint}"
     thresholds = f"good {rule.good}, promising {rule.promising}, excellent {rule.excellent}"
     noise = (
-        f"; Welch p = {g.p_value:.2g} over seeds" if math.isfinite(g.p_value) else "; one seed, no p-value"
+        f"; Welch p = {g.p_value:.2g} over seeds" if math.isfinite(g.p_value) else "; no p-value (one seed)"
     )
+    if g.at_parity:
+        noise += ", not significant: graded as parity (ratio 1)"
     return (
         f"{g.metric}: {g.column} {g.candidate:.4g} vs {g.baseline:.4g}, ratio {g.ratio:.3f} → {g.grade} "
         f"({thresholds}){noise}"
@@ -233,7 +241,8 @@ def decide(
     spec: GateSpec, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str]
 ) -> GateDecision:
     """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr)."""
-    grades = {name: measure(name, rule, candidate, baseline) for name, rule in spec.metrics.items()}
+    alpha = spec.significance_alpha
+    grades = {name: measure(name, rule, candidate, baseline, alpha) for name, rule in spec.metrics.items()}
     reasons = [
         _describe(g, rule, _differences(rule, candidate, baseline, names))
         for (name, rule), g in zip(spec.metrics.items(), grades.values(), strict=True)
