@@ -146,6 +146,8 @@ def test_power_and_seeds_needed():
     assert power(63, 0.5) < 0.8 <= power(64, 0.5)
     assert seeds_needed(std=0.05, difference=0.06) == 12 and seeds_needed(std=0.0, difference=0.1) == 2
     assert seeds_needed(std=1.0, difference=0.0) is None and seeds_needed(std=1.0, difference=1e-4) is None
+    # Far in the tail scipy's noncentral t returns NaN: a 27σ difference shows with 2 seeds.
+    assert power(2, 27.4) == pytest.approx(1.0) and seeds_needed(std=0.0707, difference=-1.9361) == 2
 
 
 def test_power_cli(tmp_path):

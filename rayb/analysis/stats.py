@@ -148,7 +148,10 @@ def power(n_per_group: int, effect_size: float, alpha: float = 0.05) -> float:
         return math.nan
     critical = sps.t.ppf(1 - alpha / 2, df)
     shift = abs(effect_size) * math.sqrt(n_per_group / 2)
-    return float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))
+    result = float(sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift))
+    if not math.isfinite(result):  # scipy's noncentral t gives NaN far in the tail (huge effects)
+        result = float(sps.norm.sf(critical - shift) + sps.norm.cdf(-critical - shift))
+    return result
 
 
 def seeds_needed(
