@@ -607,7 +607,43 @@ def load_study(path: str | Path) -> Study:
     return parse_study(raw, source=str(path))
 
 
+SECRET_PATTERNS = {
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    "an AWS access key id": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "a password in a URL": re.compile(r"://[^/\s:@]+:[^/\s@]+@"),
+    "a private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+}
+
+
+def find_secrets(value: Any, where: str = "") -> list[str]:
+    """'field: what' for every string in a study that looks like a credential. Study files are hashed,
+    copied into every output (provenance.json, the report) and uploaded with `ray job submit`."""
+    if isinstance(value, dict):
+        return [
+            hit for key, item in value.items() for hit in find_secrets(item, f"{where}.{key}".lstrip("."))
+        ]
+    if isinstance(value, list):
+        return [hit for i, item in enumerate(value) for hit in find_secrets(item, f"{where}.{i}")]
+    if isinstance(value, str):
+        return [
+            f"{where}: looks like {what}"
+            for what, pattern in SECRET_PATTERNS.items()
+            if pattern.search(value)
+        ]
+    return []
+
+
 def parse_study(raw: dict[str, Any], source: str = "study") -> Study:
+    secrets = find_secrets(raw)
+    if secrets:
+        raise StudyError(
+            "\n".join(
+                [f"{source}: {len(secrets)} field(s) hold a credential; study files are copied into every "
+                 "output and uploaded with the job. Remove it and pass credentials through the environment "
+                 "(HF_TOKEN; AWS/GCP roles or profiles), as docs/clusters.md describes"]
+                + [f"  {hit}" for hit in secrets]
+            )
+        )  # fmt: skip
     try:
         return Study.model_validate(raw)
     except ValidationError as exc:

@@ -791,3 +791,33 @@ def test_files_that_are_not_utf8(tmp_path):
             load_study(bad)
 
     assert_holds(st.binary(min_size=1, max_size=64).filter(lambda b: not _decodes(b)), prop)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "what"),
+    [
+        ("data.sources.0.uri", "hf://datasets/org/set?token=hf_" + "a1B2" * 9, "a Hugging Face token"),
+        ("data.sources.1.uri", "s3://AKIA" + "ABCDEFGHIJKLMNOP" + "@bucket/x.parquet", "an AWS access key id"),
+        ("data.sources.0.uri", "https://me:hunter2@data.example.org/x.parquet", "a password in a URL"),
+        ("models.0.config.note", "-----BEGIN RSA PRIVATE KEY-----", "a private key"),
+    ],
+)
+def test_credentials_in_a_study_are_refused_naming_the_field(where, value, what):
+    """No secrets in study files: they are hashed, copied into every output and uploaded with the job."""
+    raw = tiny_study_dict()
+    *path, last = where.split(".")
+    node = raw
+    for key in path:
+        node = node[int(key)] if key.isdigit() else node[key]
+    node[last] = value
+    with pytest.raises(StudyError) as err:
+        parse_study(raw)
+    assert f"  {where}: looks like {what}" in str(err.value) and "through the environment" in str(err.value)
+
+
+def test_hub_and_bucket_paths_are_not_mistaken_for_credentials():
+    from rayb.study import find_secrets
+
+    ok = ["hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet", "s3://my-bucket/dclm/part-0.parquet",
+          "gs://bucket/a@b.parquet", "TinyLlama/TinyLlama_v1.1", "embedded://edu?docs=300"]  # fmt: skip
+    assert find_secrets({"uris": ok}) == []
