@@ -79,9 +79,26 @@ def run(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="output directory (default: the study's output_dir)")
     ] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option("--archive", help="also copy the results to s3://, gs://, file://... (any pyarrow URI)"),
+    ] = None,
+    eval_only: Annotated[
+        bool,
+        typer.Option(
+            "--eval-only", help="evaluate the trained checkpoints with the study's suites; never train"
+        ),
+    ] = False,
 ) -> None:
     """Run a study end to end on a local Ray, or on the cluster at RAY_ADDRESS."""
     study = _load(study_file)  # before Ray starts: bad input costs nothing
+    if archive is not None:
+        from rayb.archive import open_archive
+
+        try:
+            open_archive(archive)
+        except ValueError as exc:
+            _fail("--archive", str(exc))
     if output is not None:
         try:
             check_output_dir(str(output))
@@ -90,9 +107,16 @@ def run(
             raise typer.Exit(code=2) from None
     from rayb.runner import run_study
 
-    outcome = run_study(
-        study, output, log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False)
-    )
+    try:
+        outcome = run_study(
+            study,
+            output,
+            log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False),
+            archive_uri=archive,
+            eval_only=eval_only,
+        )
+    except StudyError as exc:  # found once the data is prepared (a hub tokenizer's size, --eval-only)
+        _fail("study", str(exc))
     _print_verdict(outcome.report)
     for key, error in outcome.errors.items():
         console.print(f"[red]trial {key} failed[/red]: {escape(error)}", highlight=False)
@@ -102,7 +126,9 @@ def run(
         f"trained {outcome.trained} trials, ran {outcome.evaluated} evaluations in {outcome.wall_s:.0f}s; "
         f"report: {outcome.files['report']}"
     )
-    if outcome.errors:
+    if outcome.archive_error:
+        console.print(f"[red]{escape(outcome.archive_error)}[/red]", highlight=False)
+    if outcome.errors or outcome.archive_error:
         raise typer.Exit(code=1)
 
 

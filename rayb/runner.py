@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import read_result
 from rayb.eval.registry import parse_suite
@@ -38,6 +39,7 @@ class StudyOutcome:
     wall_s: float
     errors: dict[str, str] = field(default_factory=dict)  # trial key -> why it failed
     eval_errors: dict[str, str] = field(default_factory=dict)  # "trial key × suite" -> why it failed
+    archive_error: str | None = None  # why the copy to --archive failed (the results are all in place)
 
 
 def plan_trials(study: Study, cache: TokenCache, out: Path, cores: int) -> list[TrialSpec]:
@@ -71,7 +73,14 @@ def concurrency(study: Study, n_trials: int, cores: int) -> int:
     return max(1, min(n_trials, cores // study.train.num_workers))
 
 
-def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutcome:
+def run_study(
+    study: Study,
+    output: Path | None = None,
+    log=print,
+    archive_uri: str | None = None,
+    eval_only: bool = False,
+) -> StudyOutcome:
+    """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it."""
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.eval.actors import evaluate, evaluation_jobs
@@ -92,6 +101,12 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     write_json_atomic(study_dir / PROVENANCE_NAME, provenance)
     trials = plan_trials(study, cache, out, cores)
     pending = [t for t in trials if not t.done]
+    if eval_only and pending:
+        names = ", ".join(Path(t.trial_dir).name for t in pending[:3]) + (" ..." if len(pending) > 3 else "")
+        raise StudyError(
+            f"--eval-only: {len(pending)} of {len(trials)} trials have no finished training ({names}); "
+            "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
+        )
     log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
     errors = (
         run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores)) if pending else {}
@@ -110,11 +125,25 @@ def run_study(study: Study, output: Path | None = None, log=print) -> StudyOutco
     table.to_parquet(study_dir / RESULTS_NAME, index=False)
     report = build_report(table, provenance)
     files = write_report(report, study_dir) | {"table": study_dir / RESULTS_NAME}
+    archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
     return StudyOutcome(
         study_dir, table, report, files, trained=len(pending), evaluated=len(jobs),
         wall_s=time.perf_counter() - began, errors=errors,
         eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
+        archive_error=archive_error,
     )  # fmt: skip
+
+
+def _archive(out: Path, study_dir: Path, trials: list[TrialSpec], uri: str, log) -> str | None:
+    """Copy the study's results to `uri`; the error, if that failed. It runs last, so a failure loses
+    nothing: every result is in `out`, and running the study again retries only the copy."""
+    dirs = [study_dir, *(Path(t.trial_dir) for t in trials if Path(t.trial_dir).exists())]
+    try:
+        copy = archive(out, dirs, uri)
+    except (OSError, ValueError) as exc:
+        return f"could not archive to {uri}: {exc}"
+    log(f"archived to {copy.uri}: {copy.copied} files copied, {copy.unchanged} already there")
+    return None
 
 
 def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -> pd.DataFrame:

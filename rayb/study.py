@@ -583,7 +583,7 @@ def check_output_dir(path: str) -> None:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", str(path)):
         raise ValueError(
             f"'{path}': the output must be a filesystem path that every node shares (e.g. an NFS/EFS mount "
-            "such as /mnt/rayb/out); object-store URLs are not supported as output yet"
+            "such as /mnt/rayb/out); for a copy on object storage, add `rayb run --archive s3://bucket/prefix`"
         )
 
 

@@ -797,7 +797,11 @@ def test_files_that_are_not_utf8(tmp_path):
     ("where", "value", "what"),
     [
         ("data.sources.0.uri", "hf://datasets/org/set?token=hf_" + "a1B2" * 9, "a Hugging Face token"),
-        ("data.sources.1.uri", "s3://AKIA" + "ABCDEFGHIJKLMNOP" + "@bucket/x.parquet", "an AWS access key id"),
+        (
+            "data.sources.1.uri",
+            "s3://AKIA" + "ABCDEFGHIJKLMNOP" + "@bucket/x.parquet",
+            "an AWS access key id",
+        ),
         ("data.sources.0.uri", "https://me:hunter2@data.example.org/x.parquet", "a password in a URL"),
         ("models.0.config.note", "-----BEGIN RSA PRIVATE KEY-----", "a private key"),
     ],

@@ -57,10 +57,10 @@ def test_submitted_study_succeeds_and_writes_its_report(head_node, tmp_path):
     raw = tiny_study_dict(seeds=[0])
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(raw))
-    out = tmp_path / "out"
+    out, bucket = tmp_path / "out", tmp_path / "bucket"
     env = os.environ | {"RAY_ADDRESS": head_node}
     done = subprocess.run(
-        [str(REPO / "jobs" / "submit_study.sh"), str(study_file), str(out)],
+        [str(REPO / "jobs" / "submit_study.sh"), str(study_file), str(out), bucket.as_uri()],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -69,3 +69,6 @@ def test_submitted_study_succeeds_and_writes_its_report(head_node, tmp_path):
     table = pd.read_parquet(study_dir / "results.parquet")
     assert sorted(table.model) == ["gpt2", "mamba"] and (table.status == "ok").all()
     assert "gpt2" in (study_dir / "report.md").read_text()
+    # The archive outlives the cluster's file system: results, report and the trials' models.
+    assert (bucket / "studies" / study_dir.name / "report.html").is_file()
+    assert len(list(bucket.glob("trials/*/model/*.safetensors"))) == 2

@@ -64,15 +64,24 @@ def test_study_writes_results_table_and_report(study_run):
     assert "gpt2 (ref)" in result.output  # the comparison table is printed
 
 
-def test_rerun_trains_nothing(study_run):
+def test_rerun_trains_nothing(study_run, tmp_path):
     out, study_file, _ = study_run
     (study_dir,) = (out / "studies").iterdir()
     before = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")}
-    result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(out)])
+    bucket = tmp_path / "bucket"
+    result = CliRunner().invoke(
+        app, ["run", str(study_file), "--output", str(out), "--archive", bucket.as_uri()]
+    )
     assert result.exit_code == 0, result.output
     assert "trained 0 trials, ran 0 evaluations" in result.output
     assert {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")} == before
     assert len(pd.read_parquet(study_dir / "results.parquet")) == 4
+    # The archive has the output's layout: the study's results and every trial's model and evaluations.
+    assert "archived to " in result.output
+    archived_study = bucket / "studies" / study_dir.name
+    assert (archived_study / "results.parquet").read_bytes() == (study_dir / "results.parquet").read_bytes()
+    assert len(list(bucket.glob("trials/*/model/*.safetensors"))) == 4
+    assert CliRunner().invoke(app, ["report", str(archived_study)]).exit_code == 0  # usable as it is
 
 
 def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run, tmp_path):
@@ -97,7 +106,8 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     }  # fmt: skip
     evals_file = tmp_path / "evals.yaml"
     evals_file.write_text(yaml.safe_dump(study))
-    result = CliRunner().invoke(app, ["run", str(evals_file), "--output", str(out)])
+    # --eval-only: the job that evaluates existing checkpoints, and can never start training.
+    result = CliRunner().invoke(app, ["run", str(evals_file), "--output", str(out), "--eval-only"])
     assert result.exit_code == 0, result.output
     # 4 checkpoints × 8 suites, less the 4 `lm` results the first study already has
     assert "trained 0 trials, ran 28 evaluations" in result.output
@@ -127,3 +137,14 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     report = (study_dir / "report.md").read_text()
     rebuilt = CliRunner().invoke(app, ["report", str(study_dir)])  # from the results table alone
     assert rebuilt.exit_code == 0 and (study_dir / "report.md").read_text() == report
+
+
+def test_eval_only_refuses_to_train(study_run, tmp_path):
+    out, study_file, _ = study_run
+    trials = sorted(p.name for p in (out / "trials").iterdir())
+    one_more_seed = tmp_path / "three_seeds.yaml"
+    one_more_seed.write_text(yaml.safe_dump(yaml.safe_load(study_file.read_text()) | {"seeds": 3}))
+    result = CliRunner().invoke(app, ["run", str(one_more_seed), "--output", str(out), "--eval-only"])
+    assert result.exit_code == 2, result.output
+    assert "--eval-only: 2 of 6 trials have no finished training" in " ".join(result.output.split())
+    assert sorted(p.name for p in (out / "trials").iterdir()) == trials  # nothing started
