@@ -54,13 +54,12 @@ def archive(out_dir: Path, dirs: list[Path], uri: str) -> Archived:
     files = sorted(f for d in dirs for f in Path(d).rglob("*") if f.is_file() and not f.name.startswith("."))
     targets = [f"{base.rstrip('/')}/{f.relative_to(out_dir).as_posix()}" for f in files]
     present = {info.path: info for info in fs.get_file_info(targets) if info.type == pafs.FileType.File}
+    local = pafs.LocalFileSystem()
     copied = 0
     for source, target in zip(files, targets, strict=True):
         if _up_to_date(present.get(target), source):
             continue
         fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
-        with source.open("rb") as src, fs.open_output_stream(target) as dst:
-            while chunk := src.read(1 << 24):
-                dst.write(chunk)
+        pafs.copy_files(str(source), target, source_filesystem=local, destination_filesystem=fs)
         copied += 1
     return Archived(uri, copied, len(files) - copied)
