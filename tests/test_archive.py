@@ -68,3 +68,15 @@ def test_run_rejects_a_bad_archive_before_any_work(tmp_path):
     )
     assert result.exit_code == 2 and "invalid --archive" in result.output
     assert not (tmp_path / "o").exists()  # nothing started
+
+
+def test_a_failed_copy_is_reported_and_loses_nothing(tmp_path):
+    from rayb.runner import _archive
+
+    out = tmp_path / "out"
+    files = _tree(out)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the archive needs a directory")
+    error = _archive(out, out / "studies" / "s-1", [], (blocker / "rayb").as_uri(), log=print)
+    assert error.startswith(f"could not archive to {(blocker / 'rayb').as_uri()}: ")
+    assert all((out / name).read_bytes() == data for name, data in files.items())  # the results stay
