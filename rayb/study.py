@@ -191,7 +191,10 @@ class ModelSpec(_Strict):
 
 
 class TrainSpec(_Strict):
-    optimizer: Literal["adamw"] = "adamw"
+    optimizer: Literal["adamw", "adopt", "adopt_atan2"] = Field(
+        default="adamw",
+        description="adamw; adopt (Taniguchi et al. 2024); adopt_atan2 (ADOPT with Adam-atan2's update, no ε)",
+    )
     lr: Annotated[list[float], Field(min_length=1)] = Field(
         default=[3e-3], description="one value, or a sweep"
     )

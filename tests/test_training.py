@@ -24,9 +24,9 @@ from rayb.train.trial import TRAIN_DONE, read_metrics
 pytestmark = pytest.mark.ray
 
 
-def _train(tiny_cache, out: Path, arch_index: int, num_workers: int):
+def _train(tiny_cache, out: Path, arch_index: int, num_workers: int, optimizer: str = "adamw"):
     raw = tiny_study_dict(seeds=[0])
-    raw["train"]["num_workers"] = num_workers
+    raw["train"] |= {"num_workers": num_workers, "optimizer": optimizer}
     study = parse_study(raw)
     trial = next(
         t for t in plan_trials(study, tiny_cache, out, cores=2) if t.arch == study.models[arch_index].arch
@@ -42,6 +42,8 @@ def runs(tiny_cache, tmp_path_factory):
         ("gpt2", 1): _train(tiny_cache, out / "w1", 0, 1),
         ("gpt2", 2): _train(tiny_cache, out / "w2", 0, 2),
         ("mamba", 1): _train(tiny_cache, out / "w1", 1, 1),
+        # ADOPT-atan2 through DeepSpeed's ZeRO-1 wrapper (a client optimizer, not DeepSpeed's own Adam)
+        ("gpt2-adopt_atan2", 1): _train(tiny_cache, out / "adopt", 0, 1, optimizer="adopt_atan2"),
     }
 
 

@@ -48,8 +48,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     cache = TokenCache(Path(trial.cache_dir))
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
     params = count_params(model)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, t["weight_decay"]), lr=trial.lr, betas=tuple(t["betas"]), eps=1e-8
+    optimizer = make_optimizer(
+        t["optimizer"], param_groups(model, t["weight_decay"]), trial.lr, tuple(t["betas"])
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -137,10 +137,25 @@ def _deepspeed_config(t: dict[str, Any], accum: int) -> dict[str, Any]:
         "gradient_accumulation_steps": accum,
         "gradient_clipping": t["grad_clip"],
         "zero_optimization": {"stage": t["zero_stage"]},
+        # ZeRO shards any optimizer whose update is elementwise, as ADOPT's is; DeepSpeed only vouches
+        # for its own list, and asks for this flag for the rest.
+        "zero_allow_untested_optimizer": t["optimizer"] != "adamw",
         "bf16": {"enabled": bf16},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+
+
+def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, betas: tuple[float, float]):
+    """AdamW, or ADOPT / ADOPT-atan2 from the maintained adam-atan2-pytorch package. All three decay
+    weights the AdamW way, p ← p·(1 − lr·wd), so one weight_decay means the same for each."""
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8)
+    from adam_atan2_pytorch.adopt import Adopt
+    from adam_atan2_pytorch.adopt_atan2 import AdoptAtan2
+
+    # decoupled_wd=False: the package's default divides the decay by the initial lr instead.
+    return {"adopt": Adopt, "adopt_atan2": AdoptAtan2}[name](groups, lr=lr, betas=betas, decoupled_wd=False)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
