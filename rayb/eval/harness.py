@@ -8,7 +8,8 @@ perplexity. Generation is greedy.
 
 Tasks: any name lm-eval knows, when its data can be loaded (the hub, or the HF datasets cache), and
 rayb's own tasks, shipped as YAML in rayb/eval/tasks with data generated on the spot (offline):
-`rayb_facts` (multiple-choice in-context recall) and `rayb_text` (rolling perplexity).
+`rayb_facts` (multiple-choice in-context recall, HellaSwag's shape), `rayb_text` (rolling perplexity)
+and `rayb_lambada` (LAMBADA's shape: predict a passage's last word, an answer it stated earlier).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class RaybLM(TemplateLM):
 
 def write_rayb_task_data(data_dir: Path, n_docs: int) -> None:
     """The data of rayb's own tasks, generated (deterministically) from held-out documents."""
-    facts, texts = [], []
+    facts, texts, lambada = [], [], []
     for i in range(n_docs):
         doc = generate_document("edu", HELD_OUT_SEED, i)
         answers = recall_answers(doc)
@@ -94,8 +95,9 @@ def write_rayb_task_data(data_dir: Path, n_docs: int) -> None:
         others = list(dict.fromkeys(a for _, a in answers if a != answer))[:3]
         choices = sorted([answer, *others])
         facts.append({"context": doc[:offset].rstrip(), "choices": choices, "answer": choices.index(answer)})
+        lambada.append({"text": f"{doc[:offset].rstrip()} {answer.split()[0]}"})
         texts.append({"text": generate_document("web" if i % 2 else "edu", HELD_OUT_SEED, n_docs + i)})
-    for name, rows in (("rayb_facts", facts), ("rayb_text", texts)):
+    for name, rows in (("rayb_facts", facts), ("rayb_text", texts), ("rayb_lambada", lambada)):
         (data_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
