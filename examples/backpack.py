@@ -45,6 +45,7 @@ class Backpack(nn.Module):
         self.qk = nn.Linear(cfg.d_model, 2 * n_senses * cfg.d_model, bias=False)
         self.ln_out = nn.LayerNorm(cfg.d_model)
         self.n_senses, self.d_model = n_senses, cfg.d_model
+        self.max_context = cfg.block_size  # the trunk's learned positions (rayb's evals read this)
 
     def forward(self, input_ids: torch.Tensor) -> LMOutput:
         B, T = input_ids.shape

@@ -36,28 +36,88 @@ def _load(path: Path):
 def validate(study_file: Path) -> None:
     """Check a study file; print every invalid field and what is allowed."""
     study = _load(study_file)
-    trials = len(study.models) * len(study.train.lr) * len(study.seeds)
     console.print(
-        f"[green]ok[/green] {study.name}: {len(study.models)} models × {len(study.train.lr)} lr × "
-        f"{len(study.seeds)} seeds = {trials} trials, {study.steps} steps of "
+        f"[green]ok[/green] {study.name}: {_trial_count(study)}, {study.steps} steps of "
         f"{study.train.global_batch}×{study.data.seq_len} tokens"
+        + (f" ({study.train.epochs} epochs)" if study.train.epochs > 1 else "")
     )
     console.print(f"  eval on every checkpoint: {', '.join(study.eval)}", highlight=False)
     for warning in _unmeasured_gate_metrics(study):
         console.print(f"  [yellow]{escape(warning)}[/yellow]", highlight=False)
-    vocab = study.data.nominal_vocab
-    if vocab is None:
-        console.print("(model sizes are resolved once the hub tokenizer is fetched)")
-        return
-    tokens_per_step = study.train.global_batch * study.data.seq_len
-    for model in study.models:
-        config, cost, steps = study.model_steps(model, vocab)
+    if study.data.nominal_vocab is None:
         console.print(
-            f"  {model.label}: {model.architecture} {json.dumps(config)}, {cost.total_params:,} parameters "
-            f"({cost.non_embedding_params:,} non-embedding), {steps} steps, "
-            f"{steps * tokens_per_step * cost.train_flops_per_token:.3g} training FLOPs",
-            highlight=False,
+            "(model sizes are resolved once the hub tokenizer is fetched; data.vocab_size sizes them now)"
         )
+        return
+    from rayb.plan import PEAK_FLOPS, plan_study
+
+    for model in plan_study(study, PEAK_FLOPS["a100"], 1.0).models:
+        console.print(f"  {model.label}: {_model_line(model)}", highlight=False)
+
+
+def _trial_count(study) -> str:
+    trained, references = len(study.trained_models), len(study.models) - len(study.trained_models)
+    count = (
+        f"{trained} trained models × {len(study.train.lr)} lr × {len(study.seeds)} seeds = "
+        f"{trained * len(study.train.lr) * len(study.seeds)} trials"
+    )
+    return count + (f", and {references} pretrained references evaluated" if references else "")
+
+
+def _model_line(model) -> str:
+    if model.params_total is None:
+        return f"pretrained, evaluated as it is ({model.arch})"
+    return (
+        f"{model.arch} {json.dumps(model.config)}, {model.params_total:,} parameters "
+        f"({model.params_non_embedding:,} non-embedding), {model.steps} steps, "
+        f"{model.flops_per_trial:.3g} training FLOPs"
+    )
+
+
+@app.command()
+def plan(
+    study_file: Path,
+    gpu: Annotated[
+        str, typer.Option("--gpu", help="a100, h100, h200, a10g or l4 (bf16 dense peak)")
+    ] = "a100",
+    mfu: Annotated[float, typer.Option("--mfu", help="model FLOPs utilisation assumed")] = 0.4,
+    peak_tflops: Annotated[
+        float | None, typer.Option("--peak-tflops", help="per-GPU peak instead of --gpu's")
+    ] = None,
+) -> None:
+    """What a study would run: trials, GPUs, training FLOPs and GPU-hours at a stated MFU."""
+    from rayb.plan import PEAK_FLOPS, plan_study
+
+    study = _load(study_file)
+    if peak_tflops is None and gpu.lower() not in PEAK_FLOPS:
+        _fail("--gpu", f"'{gpu}': use one of {', '.join(PEAK_FLOPS)}, or --peak-tflops")
+    peak = peak_tflops * 1e12 if peak_tflops else PEAK_FLOPS[gpu.lower()]
+    try:
+        result = plan_study(study, peak, mfu)
+    except ValueError as exc:
+        _fail("study", str(exc))
+    table = Table(
+        title=f"{study.name}: {study.data.seq_len}-token sequences, {study.train.global_batch} per step"
+    )
+    for column in ("model", "parameters", "trials", "steps", "tokens/trial", "FLOPs/trial", "GPU-hours"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in result.models:
+        if m.params_total is None:
+            table.add_row(m.label, "pretrained", "eval only", "", "", "", "")
+            continue
+        table.add_row(m.label, f"{m.params_total:,}", str(m.trials), f"{m.steps:,}", f"{m.tokens_per_trial:,}",
+                      f"{m.flops_per_trial:.3g}", f"{result.gpu_hours(m.flops):,.1f}")  # fmt: skip
+    console.print(table)
+    gpus = result.gpus_per_trial
+    console.print(
+        f"{_trial_count(study)}; {gpus or 'no'} GPU{'s' if gpus != 1 else ''} per trial"
+        + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
+        + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours(result.flops):,.1f} GPU-hours at {mfu:.0%} MFU "
+        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {result.wall_hours:,.1f} h of wall-clock with "
+        f"{study.train.max_concurrent_trials or 'all'} trials in flight. "
+        f"Evaluation ({len(study.eval)} suites per checkpoint) is not included.",
+        highlight=False,
+    )  # fmt: skip
 
 
 def _unmeasured_gate_metrics(study) -> list[str]:
@@ -185,6 +245,36 @@ def compare(
         console.print(f"[yellow]{escape(note)}[/yellow]", highlight=False)
     files = write_comparison(comparison, output)
     console.print(f"comparison: {files['html']} and {files['report']}")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Fetch and cache a study's data before running it.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    study_file: Path,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="output directory (default: the study's output_dir)")
+    ] = None,
+) -> None:
+    """Fetch and cache everything the study reads (run where the hub is reachable): the packed-token
+    cache, named eval corpora, pretrained checkpoints and lm-eval task data."""
+    from rayb.data.prepare import prepare_study
+
+    study = _load(study_file)
+    results = prepare_study(study, output or Path(study.output_dir))
+    for item in results:
+        mark = "[green]ok[/green]" if item.ok else "[red]missing[/red]"
+        console.print(f"{mark} {escape(item.item)}: {escape(item.detail)}", highlight=False)
+    if not all(item.ok for item in results):
+        console.print(
+            "Some items could not be fetched. Run this where the hub is reachable (with HF_TOKEN set for "
+            "gated data), or put the files in place: local parquet for data, $RAYB_CORPORA/<name>.txt "
+            "for corpora, a save_pretrained directory for checkpoints.",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
 
 
 def _overrides(pairs: list[str]) -> dict:

@@ -23,7 +23,8 @@ from rayb.data.cache import TokenCache
 from rayb.eval.actors import read_result
 from rayb.eval.registry import parse_suite
 from rayb.files import read_json, write_json_atomic
-from rayb.study import Study, StudyError
+from rayb.models.pretrained import Checkpoint, hub_checkpoint
+from rayb.study import PRETRAINED_ARCH, STUDY_REF, Study, StudyError, load_study
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -38,33 +39,128 @@ class StudyOutcome:
     evaluated: int  # (checkpoint × suite) evaluations run by this run
     wall_s: float
     errors: dict[str, str] = field(default_factory=dict)  # trial key -> why it failed
+    trials: list[TrialSpec] = field(default_factory=list)
     eval_errors: dict[str, str] = field(default_factory=dict)  # "trial key × suite" -> why it failed
     archive_error: str | None = None  # why the copy to --archive failed (the results are all in place)
 
 
-def plan_trials(study: Study, cache: TokenCache, out: Path, cores: int) -> list[TrialSpec]:
-    n_trials = len(study.models) * len(study.train.lr) * len(study.seeds)
+def plan_trials(
+    study: Study,
+    cache: TokenCache,
+    out: Path,
+    cores: int,
+    checkpoints: dict[str, dict[int, Checkpoint]] | None = None,
+) -> list[TrialSpec]:
+    """Every (model, lr, seed) trial; a pretrained model is one trial, evaluated and never trained."""
+    checkpoints = checkpoints or {}
+    n_trials = len(study.trained_models) * len(study.train.lr) * len(study.seeds)
     threads = max(1, cores // (concurrency(study, n_trials, cores) * study.train.num_workers))
-    vocab = cache.manifest["vocab_size"]
+    vocab, data_key = cache.manifest["vocab_size"], cache.manifest["key"]
+    train = study.train.model_dump(mode="json") | {"precision": study.train.dtype}
     trials = []
+
+    def trial(model, key, **fields) -> TrialSpec:
+        return TrialSpec(
+            key=key, model=model.label, train=train, cache_dir=str(cache.path),
+            trial_dir=str(out / "trials" / f"{model.label}-{key}"), storage_path=str(out / "ray" / "train"),
+            threads=threads, **fields,
+        )  # fmt: skip
+
     for i, model in enumerate(study.models):
+        if model.pretrained:
+            seed = study.seeds[0]
+            checkpoint = checkpoints[model.pretrained][seed]
+            key = study.trial_key(model, 0.0, seed, data_key, checkpoint.key)
+            trials.append(trial(model, key, arch=PRETRAINED_ARCH, model_config={"checkpoint": checkpoint.to_dict()},
+                                lr=0.0, seed=seed, steps=0))  # fmt: skip
+            continue
         try:
             config, cost, steps = study.model_steps(model, vocab, where=f"models.{i}")
         except ValueError as exc:  # a size only checkable now that the tokenizer is known
             raise StudyError(str(exc)) from None
         for lr in study.train.lr:
             for seed in study.seeds:
-                key = study.trial_key(model, lr, seed, cache.manifest["key"])
-                trials.append(
-                    TrialSpec(
-                        key=key, model=model.label, arch=model.architecture, model_config=config, lr=lr, seed=seed,
-                        train=study.train.model_dump(mode="json") | {"precision": study.train.dtype},
-                        steps=steps, cache_dir=str(cache.path), trial_dir=str(out / "trials" / f"{model.label}-{key}"),
-                        storage_path=str(out / "ray" / "train"), threads=threads,
-                        train_flops_per_token=cost.train_flops_per_token,
-                    )
-                )  # fmt: skip
+                init = checkpoints[model.init_from][seed] if model.init_from else None
+                key = study.trial_key(model, lr, seed, data_key, init.key if init else None)
+                trials.append(trial(model, key, arch=model.architecture, model_config=config, lr=lr, seed=seed,
+                                    steps=steps, train_flops_per_token=cost.train_flops_per_token,
+                                    init_from=init.to_dict() if init else None))  # fmt: skip
     return trials
+
+
+def resolve_checkpoints(study: Study, out: Path, log) -> dict[str, dict[int, Checkpoint]]:
+    """{source: {seed: checkpoint}} for every checkpoint the study's models name. A `study:FILE#MODEL`
+    reference runs that study first (skipping whatever it has finished) and points each seed at MODEL's
+    final weights of the same seed there (its first seed where it has no such seed), so a finetuning
+    arm's seeds differ in their starting weights as a from-scratch model's differ in initialisation."""
+    sources = sorted({m.pretrained or m.init_from for m in study.models} - {None})
+    return {source: _resolve_checkpoint(source, study.seeds, out, log) for source in sources}
+
+
+def _resolve_checkpoint(source: str, seeds: list[int], out: Path, log) -> dict[int, Checkpoint]:
+    ref = STUDY_REF.match(source)
+    if not ref:
+        return dict.fromkeys(seeds, hub_checkpoint(source))
+    sub = load_study(ref["file"])
+    log(f"{source}: running study {sub.name} first (finished work is skipped)")
+    outcome = run_study(sub, out, log=lambda msg: log(f"[{sub.name}] {msg}"))
+    table = outcome.table
+    done = table[(table.model == ref["model"]) & (table.status == "ok")]
+    resolved = {}
+    for seed in seeds:
+        rows = done[done.seed == (seed if seed in sub.seeds else sub.seeds[0])]
+        if rows.empty:
+            raise StudyError(f"{source}: {ref['model']} did not finish training in study {sub.name}")
+        key = rows.sort_values("val_loss").trial_key.iloc[0]  # the best learning rate's weights
+        chosen = next(t for t in outcome.trials if t.key == key)
+        cache = TokenCache(Path(chosen.cache_dir))
+        resolved[seed] = Checkpoint(
+            source, model=str(Path(chosen.trial_dir) / "model"), tokenizer=str(cache.tokenizer_dir), key=key,
+            arch=chosen.arch, config=chosen.model_config, vocab_size=cache.manifest["vocab_size"],
+            seq_len=cache.seq_len,
+        )  # fmt: skip
+    return resolved
+
+
+def check_init_tokenizers(
+    study: Study, cache: TokenCache, checkpoints: dict[str, dict[int, Checkpoint]]
+) -> None:
+    """A finetuning arm must read the same token ids its starting weights were trained on."""
+    from rayb.data.tokenizer import load_tokenizer
+
+    ours = load_tokenizer(cache.tokenizer_dir).get_vocab()
+    for source in sorted({m.init_from for m in study.models} - {None}):
+        try:
+            theirs = load_tokenizer(checkpoints[source][study.seeds[0]].tokenizer).get_vocab()
+        except OSError as exc:
+            raise StudyError(f"init_from '{source}': cannot load its tokenizer: {exc}") from None
+        if theirs != ours:
+            raise StudyError(
+                f"init_from '{source}' was trained with another tokenizer ({len(theirs):,} tokens) than this "
+                f"study's ({len(ours):,}); set data.tokenizer to the checkpoint's tokenizer"
+            )
+
+
+def materialise_pretrained(trial: TrialSpec) -> str | None:
+    """Record a pretrained reference as 'trained' (its parameter count, no training); the error if its
+    checkpoint cannot be found (the hub unreachable), which leaves the rest of the study to run."""
+    from rayb.models.pretrained import count_checkpoint_params
+
+    checkpoint = Checkpoint(**trial.model_config["checkpoint"])
+    try:
+        total, non_embedding = count_checkpoint_params(checkpoint)
+    except (OSError, ValueError) as exc:
+        return (
+            f"pretrained '{checkpoint.source}': {exc}. Run `rayb data prepare` where the hub is reachable, "
+            "or give a local save_pretrained directory"
+        )
+    Path(trial.trial_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(
+        Path(trial.trial_dir) / TRAIN_DONE,
+        {"status": "ok", "pretrained": checkpoint.source, "steps": 0, "params_total": total,
+         "params_non_embedding": non_embedding, "train_tokens": 0, "train_flops": math.nan},
+    )  # fmt: skip
+    return None
 
 
 def concurrency(study: Study, n_trials: int, cores: int) -> int:
@@ -99,8 +195,19 @@ def run_study(
     cache = prepare_data(study.data, out / "cache")
     provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
     write_json_atomic(study_dir / PROVENANCE_NAME, provenance)
-    trials = plan_trials(study, cache, out, cores)
-    pending = [t for t in trials if not t.done]
+    if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
+        raise StudyError(
+            f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
+            f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
+        )
+    checkpoints = resolve_checkpoints(study, out, log)
+    check_init_tokenizers(study, cache, checkpoints)
+    trials = plan_trials(study, cache, out, cores, checkpoints)
+    errors = {}
+    for trial in trials:
+        if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
+            errors[trial.key] = error
+    pending = [t for t in trials if not t.done and t.arch != PRETRAINED_ARCH]
     if eval_only and pending:
         names = ", ".join(Path(t.trial_dir).name for t in pending[:3]) + (" ..." if len(pending) > 3 else "")
         raise StudyError(
@@ -108,9 +215,8 @@ def run_study(
             "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
         )
     log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
-    errors = (
-        run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores)) if pending else {}
-    )
+    if pending:
+        errors |= run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores))
 
     trained = [
         t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"
@@ -128,7 +234,7 @@ def run_study(
     archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
     return StudyOutcome(
         study_dir, table, report, files, trained=len(pending), evaluated=len(jobs),
-        wall_s=time.perf_counter() - began, errors=errors,
+        wall_s=time.perf_counter() - began, errors=errors, trials=trials,
         eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
         archive_error=archive_error,
     )  # fmt: skip
@@ -178,13 +284,14 @@ def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
     metrics = read_metrics(trial_dir / METRICS)
     curve = [r for r in metrics if r["kind"] == "train"]
     val_curve = [r for r in metrics if r["kind"] == "val"]
+    epochs = [r for r in metrics if r["kind"] == "epoch"]
     status = train.get("status", "error")
     if status == "ok" and "lm" in eval_errors:
         status, error = "error", error or f"lm: {eval_errors['lm']}"
     nan = math.nan
     return evaluation | {
         "study": study.name, "model": trial.model, "arch": trial.arch, "lr": trial.lr, "seed": trial.seed,
-        "trial_key": trial.key, "status": status, "error": error or "",
+        "trial_key": trial.key, "status": status, "error": error or "", "pretrained": train.get("pretrained", ""),
         "eval_errors": json.dumps(eval_errors) if status == "ok" else "{}",
         "params_total": train.get("params_total", 0), "params_non_embedding": train.get("params_non_embedding", 0),
         "train_tokens": train.get("train_tokens", 0), "steps": train.get("steps", 0),
@@ -197,4 +304,5 @@ def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
         "config": json.dumps({"model": trial.model_config, "train": trial.train, "steps": trial.steps}),
         "curve_step": [r["step"] for r in curve], "curve_train_loss": [r["loss"] for r in curve],
         "curve_val_step": [r["step"] for r in val_curve], "curve_val_loss": [r["val_loss"] for r in val_curve],
+        "epoch_val_loss": [r["val_loss"] for r in epochs], "epoch_extra": json.dumps([r.get("extra", {}) for r in epochs]),
     }  # fmt: skip

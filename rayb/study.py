@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from rayb.models.accounting import Cost
 
 STUDY_FORMAT_VERSION = 1
+BYTES_TOKENIZER, BYTE_VOCAB = "bytes", 257  # 256 byte tokens and the end-of-text token
+PRETRAINED_ARCH = "pretrained"  # the architecture of a `pretrained:` reference model: its own config's
 
 
 class StudyError(ValueError):
@@ -45,7 +47,11 @@ class SourceSpec(_Strict):
         description="embedded://<source>, a local parquet file/dir/glob, hf://..., s3://..., gs://..."
     )
     weight: float = Field(gt=0, le=1)
-    text_column: str = "text"
+    text_column: str = Field(
+        default="text",
+        pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        description="the text column; a dotted path reads a struct field (Europarl: translation.fr)",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -60,7 +66,14 @@ class DataSpec(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     tokenizer: str = Field(
         default="bpe:2048",
-        description="'bpe:<vocab>' trains a byte-level BPE on the mix; otherwise a local tokenizer dir or hub id",
+        description="'bpe:<vocab>' trains a byte-level BPE on the mix; 'bytes' is byte-level with no merges "
+        "(256 bytes + end of text); otherwise a local tokenizer dir or hub id",
+    )
+    vocab_size: int | None = Field(
+        default=None,
+        ge=2,
+        description="a hub tokenizer's vocabulary size, so models are sized and planned before it is fetched "
+        "(checked against the tokenizer once it is)",
     )
     seq_len: int = Field(default=128, ge=8, le=1 << 20)
     token_budget: int = Field(gt=0, description="training tokens every model sees")
@@ -74,9 +87,17 @@ class DataSpec(_Strict):
             vocab = value[4:]
             if not vocab.isdigit() or not 260 <= int(vocab) <= 1 << 20:
                 raise ValueError(
-                    f"'{value}': use bpe:<vocab size>, a whole number from 260 up, e.g. bpe:2048"
+                    f"'{value}': use bpe:<vocab size>, a whole number from 260 up, e.g. bpe:2048 "
+                    "(or bytes for a byte-level vocabulary)"
                 )
         return value
+
+    @property
+    def trained_vocab(self) -> int | None:
+        """The size of a vocabulary rayb trains on the mix ('bytes' is a BPE with no merges), else None."""
+        if self.tokenizer == BYTES_TOKENIZER:
+            return BYTE_VOCAB
+        return int(self.tokenizer[4:]) if self.tokenizer.startswith("bpe:") else None
 
     @model_validator(mode="after")
     def _mix(self) -> DataSpec:
@@ -87,19 +108,27 @@ class DataSpec(_Strict):
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
+        known = self.trained_vocab or self._local_vocab()
+        if self.vocab_size is not None and known is not None and self.vocab_size != known:
+            raise ValueError(
+                f"vocab_size {self.vocab_size} contradicts tokenizer '{self.tokenizer}' ({known} tokens); "
+                "drop vocab_size, which is only for hub tokenizers"
+            )
         return self
 
-    @property
-    def nominal_vocab(self) -> int | None:
-        """The vocabulary size known before any data work: bpe:N's N, or a local tokenizer's size."""
-        if self.tokenizer.startswith("bpe:"):
-            return int(self.tokenizer[4:])
+    def _local_vocab(self) -> int | None:
         tokenizer_file = Path(self.tokenizer) / "tokenizer.json"
         if tokenizer_file.is_file():
             from tokenizers import Tokenizer
 
             return Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
-        return None  # a hub id: known once the data step has fetched it
+        return None
+
+    @property
+    def nominal_vocab(self) -> int | None:
+        """The vocabulary size known before any data work: bpe:N's N, a local tokenizer's size, or a hub
+        tokenizer's declared vocab_size (None: known once the data step has fetched it)."""
+        return self.trained_vocab or self._local_vocab() or self.vocab_size
 
     @property
     def train_rows(self) -> int:
@@ -110,7 +139,56 @@ class DataSpec(_Strict):
         return max(1, round(self.train_rows * self.val_share))
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+STUDY_REF = re.compile(r"^study:(?P<file>[^#]+)#(?P<model>[A-Za-z0-9_.-]+)$")
+_REFERENCING: list[str] = []  # study files being validated through a study: reference (cycle guard)
+
+
+def check_checkpoint(source: str) -> str:
+    """A checkpoint reference: a local `save_pretrained` directory (checked now), a hub id (fetched when
+    the hub is reachable, or from the local hub cache after `rayb data prepare`), or
+    `study:FILE#MODEL`, the final weights of MODEL in another study, which rayb runs first."""
+    if ref := STUDY_REF.match(source):
+        return _check_study_ref(source, Path(ref["file"]), ref["model"])
+    path = Path(source).expanduser()
+    if path.exists() or source.startswith(("/", ".", "~")):
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"'{source}' is not a save_pretrained directory (no config.json there); give such a "
+                "directory, a hub id like EleutherAI/pythia-160m, or study:FILE#MODEL"
+            )
+        return source
+    if not HUB_ID.match(source):
+        raise ValueError(
+            f"'{source}' is neither an existing directory, a hub id like EleutherAI/pythia-160m, "
+            "nor study:FILE#MODEL"
+        )
+    return source
+
+
+def _check_study_ref(source: str, path: Path, model: str) -> str:
+    key = str(path.resolve())
+    if key in _REFERENCING:
+        raise ValueError(f"'{source}': study files refer to each other in a cycle")
+    _REFERENCING.append(key)
+    try:
+        study = load_study(path)
+    except StudyError as exc:
+        raise ValueError(f"'{source}' names an invalid study: {exc}") from None
+    finally:
+        _REFERENCING.pop()
+    labels = [m.label for m in study.trained_models]
+    if model not in labels:
+        raise ValueError(f"'{source}': study {study.name} trains no model '{model}'; it trains {labels}")
+    return source
+
+
 class ModelSpec(_Strict):
+    pretrained: str | None = Field(
+        default=None,
+        description="evaluate this checkpoint as a reference point and never train it: a local "
+        "save_pretrained directory, or a hub id (with its own tokenizer)",
+    )
     preset: str | None = Field(default=None, description="a named configuration (`rayb params --list`)")
     arch: str | None = Field(
         default=None,
@@ -127,6 +205,16 @@ class ModelSpec(_Strict):
     config: dict[str, Any] = Field(
         default_factory=dict, description="architecture keyword arguments (with size: the keys to keep fixed)"
     )
+    init_from: str | None = Field(
+        default=None,
+        description="start training from these weights (a save_pretrained directory or hub id holding "
+        "the same architecture and shape) instead of a fresh initialisation: a finetuning arm",
+    )
+
+    @field_validator("pretrained", "init_from")
+    @classmethod
+    def _checkpoint(cls, source: str | None) -> str | None:
+        return None if source is None else check_checkpoint(source)
 
     @field_validator("preset")
     @classmethod
@@ -142,7 +230,11 @@ class ModelSpec(_Strict):
     def _known_arch(cls, arch: str | None, info: ValidationInfo) -> str | None:
         from rayb.models import check_arch
 
-        if "preset" not in info.data:  # the preset itself is invalid and already reported
+        if "preset" not in info.data or "pretrained" not in info.data:  # invalid, and already reported
+            return arch
+        if info.data["pretrained"] is not None:
+            if arch is not None or info.data["preset"] is not None:
+                raise ValueError("a pretrained model brings its own architecture; drop arch and preset")
             return arch
         if arch is None and info.data["preset"] is None:
             raise ValueError("required field is missing (or give preset: NAME instead)")
@@ -165,17 +257,24 @@ class ModelSpec(_Strict):
     def _size_needs_arch(self) -> ModelSpec:
         if self.preset and self.size is not None:
             raise ValueError(f"preset '{self.preset}' fixes the size; drop size, or use arch with size")
+        if self.pretrained and (self.size is not None or self.config or self.init_from):
+            raise ValueError("a pretrained model is evaluated as it is; drop size, config and init_from")
         return self
 
     @property
     def architecture(self) -> str:
         from rayb.models.presets import get_preset
 
+        if self.pretrained:
+            return PRETRAINED_ARCH
         return self.arch or get_preset(self.preset).arch
 
     @property
     def label(self) -> str:
         # Labels name trial directories, so an import path's ':' becomes '.'.
+        if self.pretrained:
+            ref = STUDY_REF.match(self.pretrained)
+            return self.name or (ref["model"] if ref else Path(self.pretrained.rstrip("/")).name)
         return self.name or self.preset or self.arch.replace(":", ".")
 
     def resolve(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
@@ -204,6 +303,12 @@ class TrainSpec(_Strict):
     schedule: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     grad_clip: float = Field(default=1.0, gt=0)
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        description="passes over data.token_budget; each later epoch reorders the batches (the same order "
+        "for every model), and validation loss is measured on all held-out rows at each epoch's end",
+    )
     micro_batch: int = Field(default=8, ge=1, description="sequences per worker per forward pass")
     global_batch: int = Field(default=32, ge=1, description="sequences per optimizer step, all workers")
     precision: Literal["auto", "fp32", "bf16"] = Field(
@@ -527,10 +632,13 @@ class Study(_Strict):
                 f"data.token_budget ({self.data.token_budget}) is less than one optimizer step "
                 f"(train.global_batch × data.seq_len = {self.train.global_batch * self.data.seq_len} tokens)"
             )
+        if not self.trained_models:
+            raise ValueError("every model is pretrained: a study trains at least one model")
         vocab = self.data.nominal_vocab
         if vocab is not None:  # otherwise sizes are solved once the tokenizer is fetched
             for i, model in enumerate(self.models):
-                self.model_steps(model, vocab, where=f"models.{i}")
+                if not model.pretrained:
+                    self.model_steps(model, vocab, where=f"models.{i}")
         return self
 
     # ----- derived values -------------------------------------------------------------------------
@@ -539,9 +647,17 @@ class Study(_Strict):
         return self.verdict.reference or self.models[0].label
 
     @property
-    def steps(self) -> int:
-        """Optimizer steps the data covers (every trial's, unless a FLOPs budget sets fewer)."""
+    def steps_per_epoch(self) -> int:
         return self.data.train_rows // self.train.global_batch
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps over all epochs (every trial's, unless a FLOPs budget sets fewer)."""
+        return self.steps_per_epoch * self.train.epochs
+
+    @property
+    def trained_models(self) -> list[ModelSpec]:
+        return [m for m in self.models if not m.pretrained]
 
     def model_steps(
         self, model: ModelSpec, vocab_size: int, where: str = "model"
@@ -564,7 +680,7 @@ class Study(_Strict):
             raise ValueError(
                 f"{where}: train.flops_budget {self.train.flops_budget:.3g} buys {model.label} "
                 f"{need:,.0f} tokens ({cost.train_flops_per_token:.3g} training FLOPs/token), "
-                + (f"more than data.token_budget ({self.data.token_budget:,}); raise it"
+                + (f"more than data.token_budget × train.epochs ({self.data.token_budget * self.train.epochs:,}); raise it"
                    if steps > self.steps else f"less than one step ({tokens_per_step:,} tokens); raise the budget")
             )  # fmt: skip
         return config, cost, steps
@@ -572,13 +688,21 @@ class Study(_Strict):
     def fingerprint(self) -> str:
         return digest(self.model_dump(mode="json"))
 
-    def trial_key(self, model: ModelSpec, lr: float, seed: int, data_key: str) -> str:
-        """Hash of everything that determines a trial's result; `data_key` identifies the token cache."""
+    def trial_key(
+        self, model: ModelSpec, lr: float, seed: int, data_key: str, weights: str | None = None
+    ) -> str:
+        """Hash of everything that determines a trial's result; `data_key` identifies the token cache,
+        `weights` the checkpoint a pretrained or init_from model loads (another study's trial key)."""
         # Scheduling knobs do not change a trial's result, so they stay out of its key.
         train = self.train.model_dump(mode="json", exclude={"lr", "max_concurrent_trials"})
-        return digest(
-            {"data": data_key, "model": model.model_dump(mode="json"), "train": train, "lr": lr, "seed": seed}
-        )
+        key = {
+            "data": data_key,
+            "model": model.model_dump(mode="json"),
+            "train": train,
+            "lr": lr,
+            "seed": seed,
+        }
+        return digest(key | ({"weights": weights} if weights else {}))
 
 
 def check_output_dir(path: str) -> None:

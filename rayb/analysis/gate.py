@@ -268,12 +268,14 @@ def decide(
 
 
 def gate_all(spec: GateSpec, selected: pd.DataFrame, reference: str) -> list[GateDecision]:
-    """The gate for every candidate (default: every model but the reference) in `selected`, the
-    results rows of each model at its selected learning rate."""
+    """The gate for every candidate (default: every trained model but the reference; pretrained
+    references are reference points, not candidates) in `selected`, the results rows of each model
+    at its selected learning rate."""
     by_model = {str(m): rows for m, rows in selected.groupby("model", sort=False)}
     if reference not in by_model:
         return []
-    candidates = spec.candidates or [m for m in by_model if m != reference]
+    pretrained = set(selected.model[selected.pretrained.astype(bool)]) if "pretrained" in selected else set()
+    candidates = spec.candidates or [m for m in by_model if m != reference and m not in pretrained]
     return [
         decide(spec, by_model[name], by_model[reference], (name, reference))
         if name in by_model

@@ -12,6 +12,7 @@ takes an interleaved share of it. That is what makes every model's batch sequenc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -61,14 +62,33 @@ class TokenCache:
         )
 
     def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
-        """Rows of global batch `step` that worker `rank` trains on in its `micro`-th micro-step."""
-        return self.train[micro_batch_rows(step, micro, rank, world, global_batch, micro_batch)]
+        """Rows of optimizer step `step` that worker `rank` trains on in its `micro`-th micro-step."""
+        batch = epoch_batch(step, self.manifest["train_rows"] // global_batch, self.data_seed)
+        return self.train[micro_batch_rows(batch, micro, rank, world, global_batch, micro_batch)]
+
+    @property
+    def data_seed(self) -> int:
+        """Seeds later epochs' batch order: a function of the data alone, so every model shares it."""
+        return int(self.manifest["key"][:8], 16)
 
 
 def micro_batch_rows(step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
     """Row indices; the union over (micro, rank) is exactly [step·G, (step+1)·G) for any `world`."""
     start = step * global_batch + (micro * world + rank) * micro_batch
     return np.arange(start, start + micro_batch)
+
+
+def epoch_batch(step: int, batches_per_epoch: int, seed: int) -> int:
+    """The global batch of train.bin that optimizer step `step` trains on. Epoch 0 reads them in stored
+    order; each later epoch in a permutation seeded by (seed, epoch), so a model never sees the same
+    batch sequence twice, and every model of a study sees the same sequence (the seed is the data's)."""
+    epoch, within = divmod(step, batches_per_epoch)
+    return within if epoch == 0 else int(_epoch_order(batches_per_epoch, seed, epoch)[within])
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(batches_per_epoch: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(batches_per_epoch)
 
 
 def row_digest(rows: np.ndarray) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
@@ -84,29 +85,47 @@ def check_shards(source: ResolvedSource, column: str) -> None:
             schema = pq.ParquetFile(path, filesystem=source.filesystem).schema_arrow
         except (OSError, pa.ArrowException) as exc:
             raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
-        if column not in schema.names:
-            raise BadShard(f"parquet shard {path} has no text column '{column}'; its columns: {schema.names}")
+        if not _has_column(schema, column):
+            raise BadShard(f"parquet shard {path} has no text column '{column}'; its columns: {schema}")
+
+
+def _has_column(schema: pa.Schema, column: str) -> bool:
+    """Whether `column` (a dotted path for a struct field, e.g. translation.fr) is in the schema."""
+    fields: pa.Schema | pa.StructType | None = schema
+    for name in column.split("."):
+        if fields is None or fields.get_field_index(name) < 0:
+            return False
+        kind = fields.field(fields.get_field_index(name)).type
+        fields = kind if pa.types.is_struct(kind) else None
+    return True
+
+
+def text_values(table: pa.Table, column: str) -> list:
+    """The values of a (possibly dotted, struct-field) text column."""
+    top, *path = column.split(".")
+    values = table.column(top)
+    return (pc.struct_field(values, path) if path else values).to_pylist()
 
 
 # ----- tokenizer ----------------------------------------------------------------------------------
 def _tokenizer(spec: DataSpec, resolved: dict[str, ResolvedSource], cache_root: Path) -> Path:
     sources = {s.name: resolved[s.name].fingerprint for s in spec.sources}
     out = cache_root / "tokenizers" / digest({"tokenizer": spec.tokenizer, "sources": sources})
-    if not spec.tokenizer.startswith("bpe:"):
+    if spec.trained_vocab is None:
         return ensure_pretrained(spec.tokenizer, out)
     texts = (
         text
         for s in spec.sources
         for text in _sample_texts(resolved[s.name], s.text_column, int(BPE_SAMPLE_CHARS * s.weight))
     )
-    return train_bpe(texts, int(spec.tokenizer[4:]), out)
+    return train_bpe(texts, spec.trained_vocab, out)
 
 
 def _sample_texts(source: ResolvedSource, column: str, max_chars: int):
     """The first documents of a source, in order, up to max_chars (plain pyarrow: no Ray needed)."""
     dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
     seen = 0
-    for batch in dataset.to_batches(columns=[column], batch_size=512):
+    for batch in dataset.to_batches(columns={"text": pc.field(*column.split("."))}, batch_size=512):
         for text in batch.column(0).to_pylist():
             if text:
                 yield text
@@ -124,7 +143,7 @@ def _fast_tokenizer(tokenizer_dir: str) -> Tokenizer:
 
 def _tokenize(batch: pa.Table, tokenizer_dir: str, column: str) -> pa.Table:
     """Ray Data task: a batch of documents in, their token lists out (same order)."""
-    texts = [t or "" for t in batch.column(column).to_pylist()]
+    texts = [t or "" for t in text_values(batch, column)]
     encodings = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
     return pa.table({"ids": pa.array([e.ids for e in encodings], type=pa.list_(pa.int32()))})
 
@@ -135,7 +154,9 @@ def _token_stream(source: ResolvedSource, column: str, tokenizer_dir: Path):
     import ray.data
 
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = ray.data.read_parquet(source.paths, filesystem=source.filesystem).select_columns([column])
+    ds = ray.data.read_parquet(source.paths, filesystem=source.filesystem).select_columns(
+        [column.split(".")[0]]
+    )
     ds = ds.map_batches(
         _tokenize,
         fn_args=(str(tokenizer_dir), column),

@@ -1,6 +1,7 @@
 """Data sources: a registry of URI schemes that resolve to a list of parquet files and a filesystem.
 
-`embedded://edu` is rayb's own generated corpus (no hub needed); plain paths are local parquet files,
+`embedded://edu` is rayb's own generated corpus (no hub needed; `embedded://europarl` is a generated
+parallel-corpus stand-in with Europarl's schema, see parallel.py); plain paths are local parquet files,
 directories or globs; `hf://`, `s3://` and `gs://` go through pyarrow / fsspec filesystems for users
 who can reach them. A new scheme plugs in with `@register_scheme("name")`.
 """
@@ -8,14 +9,18 @@ who can reach them. A new scheme plugs in with `@register_scheme("name")`.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from rayb.data import corpus
+
+EMBEDDED_SOURCES = (*corpus.SOURCES, "europarl")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def check_uri(uri: str) -> None:
             f"unknown data scheme '{scheme.lower()}://'; use one of {', '.join(sorted(_SCHEMES))}:// or a path"
         )
     if scheme == "embedded":
-        _embedded_args(uri)
+        embedded_args(uri)
     elif scheme == "file" and not _local_files(uri):
         raise ValueError(f"no parquet files at '{uri}' (give a .parquet file, a directory of them or a glob)")
 
@@ -62,11 +67,11 @@ def resolve(uri: str, cache_root: Path) -> ResolvedSource:
     return _SCHEMES[scheme_of(uri)](uri, cache_root)
 
 
-def _embedded_args(uri: str) -> tuple[str, int, int]:
+def embedded_args(uri: str) -> tuple[str, int, int]:
     parsed = urlparse(uri)
     source = parsed.netloc
-    if source not in corpus.SOURCES:
-        raise ValueError(f"unknown embedded source '{source}'; available: {', '.join(corpus.SOURCES)}")
+    if source not in EMBEDDED_SOURCES:
+        raise ValueError(f"unknown embedded source '{source}'; available: {', '.join(EMBEDDED_SOURCES)}")
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
     unknown = set(query) - {"docs", "seed"}
     if unknown:
@@ -84,10 +89,25 @@ def _embedded_args(uri: str) -> tuple[str, int, int]:
 
 @register_scheme("embedded")
 def _resolve_embedded(uri: str, cache_root: Path) -> ResolvedSource:
-    source, docs, seed = _embedded_args(uri)
+    source, docs, seed = embedded_args(uri)
     out = cache_root / "corpus" / f"{source}-d{docs}-s{seed}-v{corpus.GENERATOR_VERSION}"
-    paths = [str(p) for p in corpus.write_corpus(out, source, n_docs=docs, seed=seed)]
+    if source == "europarl":
+        paths = [str(_write_parallel(out, docs, seed))]
+    else:
+        paths = [str(p) for p in corpus.write_corpus(out, source, n_docs=docs, seed=seed)]
     return ResolvedSource(paths, None, [source, docs, seed, corpus.GENERATOR_VERSION])
+
+
+def _write_parallel(out: Path, docs: int, seed: int) -> Path:
+    from rayb.data.parallel import parallel_rows
+
+    path = out / "part-00000.parquet"
+    if not path.exists():  # written under a temporary name and renamed: never half a file
+        out.mkdir(parents=True, exist_ok=True)
+        partial = out / f".part-00000.parquet.{os.getpid()}"
+        pq.write_table(parallel_rows(docs, seed), partial)
+        os.replace(partial, path)
+    return path
 
 
 def _local_files(uri: str) -> list[str]:

@@ -57,9 +57,7 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     import torch
 
     from rayb.data.cache import TokenCache
-    from rayb.data.tokenizer import load_tokenizer
     from rayb.eval.registry import EvalContext
-    from rayb.models.checkpoint import load_trained
 
     benchmark, argument = parse_suite(job.suite)
     result = {
@@ -72,13 +70,13 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     try:
         torch.set_num_threads(threads)
         cache = TokenCache(Path(job.trial.cache_dir))
-        model = load_trained(
-            Path(job.trial.trial_dir) / "model", job.trial.arch, job.trial.model_config,
-            cache.manifest["vocab_size"], cache.seq_len,
-        ).eval()  # fmt: skip
+        model, tokenizer, fresh, study_tokens = _load(job.trial, cache)
+        model = model.eval()
         if torch.cuda.is_available():
             model = model.cuda()
-        ctx = EvalContext(model, load_tokenizer(cache.tokenizer_dir), cache, job.trial.seed)
+        ctx = EvalContext(
+            model, tokenizer, cache, job.trial.seed, fresh_model=fresh, study_tokens=study_tokens
+        )
         metrics = benchmark.run(ctx, argument, make_options(benchmark, job.options))
         result |= {"status": "ok", "metrics": metrics}
     except Exception as exc:  # recorded per job; one broken benchmark must not stop the rest
@@ -91,6 +89,26 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     job.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(job.out, result)
     return result
+
+
+def _load(trial: TrialSpec, cache):
+    """(model, its tokenizer, a fresh-model factory, whether it reads the study's token ids) for a
+    trained trial or a pretrained reference."""
+    from rayb.data.tokenizer import load_tokenizer
+    from rayb.models import build_model
+    from rayb.models.checkpoint import load_trained
+    from rayb.models.pretrained import Checkpoint, fresh_model, load_model
+    from rayb.study import PRETRAINED_ARCH
+
+    if trial.arch == PRETRAINED_ARCH:
+        checkpoint = Checkpoint(**trial.model_config["checkpoint"])
+        tokenizer = load_tokenizer(checkpoint.tokenizer)
+        same = tokenizer.get_vocab() == load_tokenizer(cache.tokenizer_dir).get_vocab()
+        return load_model(checkpoint), tokenizer, lambda: fresh_model(checkpoint), same
+    vocab, seq_len = cache.manifest["vocab_size"], cache.seq_len
+    model = load_trained(Path(trial.trial_dir) / "model", trial.arch, trial.model_config, vocab, seq_len)
+    fresh = lambda: build_model(trial.arch, trial.model_config, vocab, seq_len)  # noqa: E731
+    return model, load_tokenizer(cache.tokenizer_dir), fresh, True
 
 
 def evaluation_jobs(trials: list[TrialSpec], suites: list[str], options: dict[str, dict]) -> list[EvalJob]:

@@ -1,6 +1,7 @@
 """Named evaluation corpora (WikiText-2/103, Penn Treebank, a PG19 subset, enwik8) as plain text.
 
-`lm:NAME` evaluates on a corpus by name or by path. A path (.txt, .jsonl or .parquet with a `text`
+`lm:NAME` evaluates on a corpus by name or by path. `lm:embedded://web?docs=40&seed=9` is a stand-in
+generated on the spot from rayb's embedded corpus (tiny studies use these offline). A path (.txt, .jsonl or .parquet with a `text`
 column) is read as is. A name is looked up in `corpora_dir()` (`$RAYB_CORPORA`, default
 ~/.cache/rayb/corpora) as `NAME.txt`; when it is missing and the hub is reachable, the named dataset is
 downloaded once with `datasets` and written there, so later runs (and offline machines sharing the
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from rayb.data.corpus import SOURCES, generate_documents
+from rayb.data.sources import embedded_args
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,9 @@ def corpora_dir() -> Path:
 
 def check_corpus(argument: str) -> None:
     """Validation at study load: a path must exist; otherwise the name must be registered."""
+    if argument.startswith("embedded://"):
+        _embedded_text_args(argument)
+        return
     looks_like_path = "/" in argument or "." in argument
     if looks_like_path and not Path(argument).expanduser().exists():
         raise ValueError(f"corpus file '{argument}' does not exist")
@@ -56,7 +63,16 @@ def check_corpus(argument: str) -> None:
         )
 
 
+def _embedded_text_args(uri: str) -> tuple[str, int, int]:
+    source, docs, seed = embedded_args(uri)
+    if source not in SOURCES:
+        raise ValueError(f"'{uri}': an evaluation corpus is one of the text sources {', '.join(SOURCES)}")
+    return source, docs, seed
+
+
 def load_corpus(argument: str) -> str:
+    if argument.startswith("embedded://"):
+        return "\n\n".join(generate_documents(*_embedded_text_args(argument)))
     path = Path(argument).expanduser()
     if path.exists():
         return read_text_file(path)

@@ -9,6 +9,7 @@ the UTF-8 bytes of the text, so models with different tokenizers compare on the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -93,8 +94,14 @@ def corpus_metrics(ctx: EvalContext, text: str, options: LMOptions) -> dict[str,
 
 
 def run_lm(ctx: EvalContext, corpus: str | None, options: LMOptions) -> dict[str, Any]:
-    if corpus is None:
+    if corpus is None and ctx.study_tokens:
         return evaluate_lm(ctx.model, ctx.cache, options.batch_size)
+    if corpus is None:
+        # A pretrained model with its own tokenizer: the same held-out text in its own tokens. Only bits
+        # per byte compares across tokenizers; its loss per (own) token is kept under another name.
+        metrics = corpus_metrics(ctx, ctx.held_out_text(), dataclasses.replace(options, max_tokens=None))
+        return {"val_loss": math.nan, "val_ppl": math.nan, "val_bpb": metrics["bpb"],
+                "val_tokens": metrics["tokens"], "extra": {"own_token_loss": metrics["loss"]}}  # fmt: skip
     return corpus_metrics(ctx, load_corpus(corpus), options)
 
 

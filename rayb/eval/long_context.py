@@ -47,7 +47,7 @@ def position_losses(model, stream: np.ndarray, window: int, max_windows: int) ->
 
 
 def run_long_context(ctx: EvalContext, _: str | None, options: LongContextOptions) -> dict[str, Any]:
-    stream = np.asarray(ctx.cache.val).reshape(-1)
+    stream = ctx.held_out_stream()
     limit = context_limit(ctx.model)
     metrics: dict[str, Any] = {"multiples": [], "skipped_multiples": []}
     for m in sorted(options.multiples):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch import nn
 
 from rayb.data.cache import TokenCache
@@ -23,9 +24,15 @@ from rayb.data.cache import TokenCache
 @dataclass
 class EvalContext:
     model: nn.Module  # in eval mode; model(ids).logits
-    tokenizer: Any  # the study's PreTrainedTokenizerFast
+    tokenizer: Any  # the model's PreTrainedTokenizerFast: the study's, or a pretrained reference's own
     cache: TokenCache  # the study's packed data (held-out rows in cache.val)
     seed: int = 0  # the trial's seed, so generated probes differ across seeds but not across models
+    # A freshly initialised copy of the model (same architecture and config, untrained), for
+    # protocols that train from scratch inside an evaluation (the overfit smoke test).
+    fresh_model: Callable[[], nn.Module] | None = None
+    # False for a pretrained reference with its own tokenizer: the cache's token ids mean nothing to it,
+    # so held-out data reaches it as text (held_out_text / held_out_stream).
+    study_tokens: bool = True
 
     @property
     def seq_len(self) -> int:
@@ -34,7 +41,24 @@ class EvalContext:
 
     @property
     def vocab_size(self) -> int:
-        return self.cache.manifest["vocab_size"]
+        return self.cache.manifest["vocab_size"] if self.study_tokens else len(self.tokenizer)
+
+    def held_out_text(self) -> str:
+        """The held-out rows as text, documents separated by blank lines."""
+        from rayb.data.tokenizer import load_tokenizer
+
+        study = load_tokenizer(self.cache.tokenizer_dir)
+        stream = np.asarray(self.cache.val).reshape(-1)
+        documents = np.split(stream, np.flatnonzero(stream == study.eos_token_id))
+        texts = (study.decode(d[d != study.eos_token_id]) for d in documents)
+        return "\n\n".join(t for t in texts if t.strip())
+
+    def held_out_stream(self) -> np.ndarray:
+        """The held-out tokens as one stream, in this model's own tokens."""
+        if self.study_tokens:
+            return np.asarray(self.cache.val).reshape(-1)
+        ids = self.tokenizer(self.held_out_text(), add_special_tokens=False)["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,7 @@ def benchmarks() -> dict[str, Benchmark]:
 
 
 def _load_builtins() -> None:
-    from rayb.eval import harness, lm, long_context, probes, recall, speed  # noqa: F401  (they register)
+    from rayb.eval import babilong, harness, lm, long_context, overfit, probes, recall, speed  # noqa: F401
 
 
 def parse_suite(suite: str) -> tuple[Benchmark, str | None]:

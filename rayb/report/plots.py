@@ -8,6 +8,7 @@ instead of showing an empty frame.
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 from collections.abc import Callable
@@ -202,3 +203,96 @@ def scaling_law(selected: pd.DataFrame, fits: list[ScalingFit], extrapolate_to: 
         return bool(fitted)
 
     return _figure(draw)
+
+
+def epoch_metrics(selected: pd.DataFrame) -> bytes | None:
+    """Per-epoch validation loss and perplexity, and each model-specific metric measured on the
+    validation pass at each epoch's end (an MoE's expert-load Gini and entropy), mean over seeds."""
+    extras = sorted(
+        {name for cell in selected.get("epoch_extra", []) for e in _epoch_extras(cell) for name in e}
+    )
+
+    def draw(fig) -> bool:
+        axes = fig.subplots(1, 2 + len(extras), squeeze=False)[0]
+        for i, (model, rows) in enumerate(_by_model(selected)):
+            loss = _epoch_curve(rows, lambda cell: _as_list(cell), "epoch_val_loss")
+            if not len(loss):
+                continue
+            axes[0].plot(loss.index, loss["mean"], marker="o", color=f"C{i}", label=model)
+            axes[1].plot(loss.index, np.exp(loss["mean"]), marker="o", color=f"C{i}", label=model)
+            for ax, name in zip(axes[2:], extras, strict=True):
+                curve = _epoch_curve(
+                    rows,
+                    lambda cell, n=name: [e.get(n, math.nan) for e in _epoch_extras(cell)],
+                    "epoch_extra",
+                )
+                if len(curve) and curve["mean"].notna().any():
+                    ax.plot(curve.index, curve["mean"], marker="o", color=f"C{i}", label=model)
+        for ax, label in zip(axes, ["validation loss", "validation perplexity", *extras], strict=True):
+            ax.set(xlabel="epoch", ylabel=label, title=label)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        _legend(axes[0])
+        return bool(axes[0].lines)
+
+    return _figure(draw, (4.2 * (2 + len(extras)), 4))
+
+
+def _epoch_extras(cell: Any) -> list[dict]:
+    return json.loads(cell) if isinstance(cell, str) and cell else []
+
+
+def _epoch_curve(rows: pd.DataFrame, values: Callable[[Any], list], column: str) -> pd.DataFrame:
+    if column not in rows:
+        return pd.DataFrame(columns=["mean", "min", "max"])
+    ys = [values(cell) for cell in rows[column]]
+    return _aligned([list(range(1, len(y) + 1)) for y in ys], ys)
+
+
+def overfit(selected: pd.DataFrame) -> bytes | None:
+    """The smoke protocol: each model's loss and (pre-clip) gradient norm while it memorises its
+    training examples from a fresh initialisation, mean over seeds."""
+
+    def draw(fig) -> bool:
+        loss_ax, norm_ax = fig.subplots(1, 2)
+        for i, (model, rows) in enumerate(_by_model(selected)):
+            for ax, column in ((loss_ax, "overfit.curve_loss"), (norm_ax, "overfit.curve_grad_norm")):
+                curve = _curve(rows, "overfit.curve_step", column)
+                if len(curve):
+                    ax.plot(curve.index, curve["mean"], color=f"C{i}", label=model)
+        loss_ax.set(
+            xlabel="step", ylabel="training loss (nats/token)", yscale="log", title="overfitting a fixed set"
+        )
+        norm_ax.set(
+            xlabel="step", ylabel="gradient norm (before clipping)", yscale="log", title="gradient norms"
+        )
+        _legend(loss_ax)
+        return bool(loss_ax.lines)
+
+    return _figure(draw, (10, 4.2))
+
+
+_BABILONG = re.compile(r"^babilong\.acc\.len(\d+)$")
+
+
+def babilong(selected: pd.DataFrame) -> bytes | None:
+    """BABILong-style accuracy against context length per model, with chance level."""
+    columns = sorted((int(m.group(1)), c) for c in selected.columns if (m := _BABILONG.match(c)))
+
+    def draw(fig) -> bool:
+        ax = fig.add_subplot()
+        for i, (model, rows) in enumerate(_by_model(selected)):
+            points = [(n, rows[c].astype(float).mean()) for n, c in columns]
+            points = [(n, v) for n, v in points if math.isfinite(v)]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i}", label=model)
+        if "babilong.chance" in selected and selected["babilong.chance"].notna().any():
+            ax.axhline(
+                selected["babilong.chance"].astype(float).mean(), color="gray", linestyle="--", label="chance"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="context length (tokens)", ylabel="accuracy", ylim=(0, 1.02),
+               title="BABILong-style reasoning over long context")  # fmt: skip
+        _legend(ax)
+        return bool(ax.lines)
+
+    return _figure(draw, (7, 4.5))

@@ -405,13 +405,85 @@ def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
     return ["## Benchmarks", "", *parts] if parts else []
 
 
+def _selected_seeds(df: pd.DataFrame, row: ModelRow) -> pd.DataFrame:
+    return df[(df.status == "ok") & (df.model == row.model) & (df.lr == row.lr)]
+
+
+def epoch_table(verdict: Verdict, df: pd.DataFrame) -> list[list[str]]:
+    """Rows (model, epoch, val loss, val ppl, each model metric): mean ± std over seeds per epoch."""
+    if "epoch_val_loss" not in df:
+        return []
+    rows = []
+    for row in verdict.rows:
+        seeds = _selected_seeds(df, row)
+        losses = [list(v) for v in seeds.epoch_val_loss if v is not None and len(v)]
+        extras = [json.loads(v or "[]") for v in seeds.get("epoch_extra", [])]
+        names = sorted({n for per_seed in extras for epoch in per_seed for n in epoch})
+        for epoch in range(min(map(len, losses), default=0)):
+            loss = np.array([seed[epoch] for seed in losses], dtype=float)
+            metrics = [
+                np.array(
+                    [e[epoch].get(n, math.nan) if epoch < len(e) else math.nan for e in extras], dtype=float
+                )
+                for n in names
+            ]
+            rows.append([row.model, str(epoch + 1), _fmt_seeds(loss), _fmt_seeds(np.exp(loss)),
+                         "; ".join(f"{n} {_fmt_seeds(m)}" for n, m in zip(names, metrics, strict=True)) or "–"])  # fmt: skip
+    return rows
+
+
+def epoch_section(report: StudyReport, image: str | None) -> list[str]:
+    rows = epoch_table(report.verdict, report.table)
+    if not rows:
+        return []
+    table = markdown_table(("model", "epoch", "val loss", "val ppl", "model metrics"), rows)
+    return ["## Per-epoch validation", "", "All held-out rows at each epoch's end, mean ± std over seeds.",
+            "", table, "", *([f"![{FIGURES['metrics.png']}]({image})", ""] if image else [])]  # fmt: skip
+
+
+def model_metrics_section(verdict: Verdict, df: pd.DataFrame) -> list[str]:
+    """A model's own metrics (`extra_metrics()`), measured over the held-out rows by the lm suite."""
+    names = [c for c in df.columns if c.startswith("extra.") and pd.api.types.is_numeric_dtype(df[c])]
+    if not names or df[names].isna().all().all():
+        return []
+    rows = [
+        [row.model, *(_fmt_seeds(_selected_seeds(df, row)[n].to_numpy(float)) for n in names)]
+        for row in verdict.rows
+    ]
+    return ["## Model metrics", "", "Reported by the models themselves over the held-out rows (– : not reported).",
+            "", markdown_table(["model", *(n.removeprefix("extra.") for n in names)], rows), ""]  # fmt: skip
+
+
+def summary_text(report: StudyReport) -> str:
+    """summary.txt: the verdict, the comparison and the per-epoch numbers, as plain text."""
+    verdict = report.verdict
+    lines = [f"Study {verdict.study}: reference {verdict.reference}", ""]
+    lines += [gate_headline(d).replace("**", "") for d in report.gate]
+    lines += [
+        "",
+        verdict_text(verdict).replace("**", ""),
+        "",
+        markdown_table(TABLE_COLUMNS, _table_rows(verdict)),
+        "",
+    ]
+    if rows := epoch_table(verdict, report.table):
+        lines += ["Per-epoch validation (mean ± std over seeds):", ""]
+        lines += [markdown_table(("model", "epoch", "val loss", "val ppl", "model metrics"), rows), ""]
+    lines += [line for line in model_metrics_section(verdict, report.table) if not line.startswith("#")]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 FIGURES = {  # file name -> alt text, in the order the report shows them
     "loss_curves.png": "loss curves",
     "pareto.png": "loss vs training FLOPs",
     "context_scaling.png": "long-context degradation",
     "speed.png": "speed and memory",
     "scaling_law.png": "scaling law",
+    "metrics.png": "per-epoch validation loss, perplexity and model metrics",
+    "overfit.png": "smoke protocol: overfitting curves and gradient norms",
+    "babilong.png": "BABILong-style accuracy by context length",
 }
+SUMMARY_NAME = "summary.txt"
 
 
 @dataclass
@@ -479,6 +551,9 @@ def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
         "context_scaling.png": plots.context_scaling(selected, seq_len),
         "speed.png": plots.speed(selected),
         "scaling_law.png": plots.scaling_law(selected, fits, targets),
+        "metrics.png": plots.epoch_metrics(selected),
+        "overfit.png": plots.overfit(selected),
+        "babilong.png": plots.babilong(selected),
     }
     order = [row.model for row in verdict.rows]
     gate = sorted(
@@ -534,7 +609,18 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
             markdown_table(("model", "lr", "seed", "status", "step"), rows),
             "",
         ]
+    parts += epoch_section(report, _image(report, "metrics.png", image_src))
+    parts += model_metrics_section(verdict, report.table)
     parts += benchmark_tables(verdict, report.table)
+    if src := _image(report, "overfit.png", image_src):
+        parts += [
+            "### Smoke protocol: overfitting a fixed set",
+            "",
+            f"![{FIGURES['overfit.png']}]({src})",
+            "",
+        ]
+    if src := _image(report, "babilong.png", image_src):
+        parts += ["### BABILong-style accuracy", "", f"![{FIGURES['babilong.png']}]({src})", ""]
     parts += ["### Context scaling", ""]
     parts += _figure_line(
         report, "context_scaling.png", image_src, "Not measured: add `long_context` to eval."
@@ -594,5 +680,6 @@ def write_report(report: StudyReport, out_dir: Path) -> dict[str, Path]:
     return {
         "json": write_atomic(out_dir / JSON_NAME, (payload + "\n").encode()),
         "report": write_atomic(out_dir / REPORT_NAME, render_markdown(report).encode()),
+        "summary": write_atomic(out_dir / SUMMARY_NAME, summary_text(report).encode()),
         "html": write_atomic(out_dir / HTML_NAME, page.encode()),
     }

@@ -24,6 +24,7 @@ from rayb.eval.lm import as_ids, logits_nll, next_token_nll
 from rayb.files import write_json_atomic
 from rayb.models import build_model, count_params
 from rayb.models.checkpoint import save_weights
+from rayb.models.pretrained import Checkpoint, initialise_from
 from rayb.train.schedule import lr_multiplier
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -47,6 +48,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     cache = TokenCache(Path(trial.cache_dir))
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
+    if trial.init_from:  # a finetuning arm: start from those weights (a resume then loads its own)
+        model = initialise_from(model, Checkpoint(**trial.init_from))
     params = count_params(model)
     optimizer = make_optimizer(
         t["optimizer"], param_groups(model, t["weight_decay"]), trial.lr, tuple(t["betas"])
@@ -71,6 +74,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     trial_dir = Path(trial.trial_dir)
     log = _MetricsLog(trial_dir / METRICS, enabled=rank == 0)
     tokens_per_step = t["global_batch"] * cache.seq_len
+    steps_per_epoch = cache.manifest["train_rows"] // t["global_batch"]
     status, step = "ok", start
     for step in range(start, trial.steps):
         began = time.perf_counter()
@@ -105,7 +109,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if not math.isfinite(step_loss):
             status = "diverged"
             break
-        if (step + 1) % t["eval_every"] == 0 or step + 1 == trial.steps:
+        epoch_end = t["epochs"] > 1 and ((step + 1) % steps_per_epoch == 0 or step + 1 == trial.steps)
+        if epoch_end:  # all held-out rows, and the model's own metrics over them (e.g. expert load)
+            val_loss = _interim_val_loss(engine, cache, rank, world, t, dist, rows=len(cache.val))
+            extra = {
+                k.removeprefix("extra."): v for k, v in _extra_metrics(engine.module, world, dist).items()
+            }
+            epoch = math.ceil((step + 1) / steps_per_epoch)
+            log.write(kind="epoch", step=step + 1, epoch=epoch, val_loss=val_loss, extra=extra)
+        if (step + 1) % t["eval_every"] == 0 or step + 1 == trial.steps or epoch_end:
             val_loss = _interim_val_loss(engine, cache, rank, world, t, dist)
             log.write(kind="val", step=step + 1, val_loss=val_loss)
             _checkpoint(engine, step + 1, {"step": step + 1, "loss": step_loss, "val_loss": val_loss})
@@ -171,10 +183,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 @torch.no_grad()
-def _interim_val_loss(engine, cache: TokenCache, rank: int, world: int, t: dict[str, Any], dist) -> float:
-    """Loss on a fixed slice of the validation rows, split across ranks and summed."""
+def _interim_val_loss(
+    engine, cache: TokenCache, rank: int, world: int, t: dict[str, Any], dist, rows: int | None = None
+) -> float:
+    """Loss on a fixed slice of the validation rows (the first `rows`, default eval_batches micro-batches),
+    split across ranks and summed."""
     engine.eval()
-    n = min(len(cache.val), t["eval_batches"] * t["micro_batch"])
+    n = min(len(cache.val), rows or t["eval_batches"] * t["micro_batch"])
     nll, count = 0.0, 0
     for start in range(rank * t["micro_batch"], n, world * t["micro_batch"]):
         ids = as_ids(cache.val[start : min(n, start + t["micro_batch"])], engine.device)

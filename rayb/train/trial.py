@@ -25,6 +25,7 @@ class TrialSpec:
     storage_path: str  # Ray Train storage for DeepSpeed checkpoints
     threads: int = 1
     train_flops_per_token: float = 0.0  # the model's analytic (or measured) training FLOPs per token
+    init_from: dict[str, Any] | None = None  # a Checkpoint (models/pretrained.py) to start from
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
