@@ -130,20 +130,24 @@ def pareto(rows: list[Efficiency]) -> bytes | None:
 _MULTIPLE = re.compile(r"^long_context\.ppl@(\d+)x$")
 
 
+def _mean_by_column_number(ax, selected: pd.DataFrame, pattern: re.Pattern) -> None:
+    """One line per model through the seed means of the columns `pattern` matches, at the number its
+    group captures (a context multiple, a length), on a log2 axis; unmeasured points are left out."""
+    columns = sorted((int(m.group(1)), c) for c in selected.columns if (m := pattern.match(c)))
+    for i, (model, rows) in enumerate(_by_model(selected)):
+        points = [(x, rows[c].astype(float).mean()) for x, c in columns]
+        points = [(x, v) for x, v in points if math.isfinite(v)]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i}", label=model)
+    ax.set_xscale("log", base=2)
+
+
 def context_scaling(selected: pd.DataFrame, seq_len: int | None) -> bytes | None:
     """Perplexity at 1×, 2×, 4×... the trained context, per model (the long_context suite)."""
-    columns = sorted(
-        ((int(m.group(1)), c) for c in selected.columns if (m := _MULTIPLE.match(c))), key=lambda mc: mc[0]
-    )
 
     def draw(fig) -> bool:
         ax = fig.add_subplot()
-        for i, (model, rows) in enumerate(_by_model(selected)):
-            points = [(m, rows[c].astype(float).mean()) for m, c in columns]
-            points = [(m, v) for m, v in points if math.isfinite(v)]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i}", label=model)
-        ax.set_xscale("log", base=2)
+        _mean_by_column_number(ax, selected, _MULTIPLE)
         unit = f" × {seq_len} tokens" if seq_len else ""
         ax.set(xlabel=f"context (multiple of the trained length{unit})", ylabel="perplexity",
                title="long-context degradation")  # fmt: skip
@@ -276,20 +280,14 @@ _BABILONG = re.compile(r"^babilong\.acc\.len(\d+)$")
 
 def babilong(selected: pd.DataFrame) -> bytes | None:
     """BABILong-style accuracy against context length per model, with chance level."""
-    columns = sorted((int(m.group(1)), c) for c in selected.columns if (m := _BABILONG.match(c)))
 
     def draw(fig) -> bool:
         ax = fig.add_subplot()
-        for i, (model, rows) in enumerate(_by_model(selected)):
-            points = [(n, rows[c].astype(float).mean()) for n, c in columns]
-            points = [(n, v) for n, v in points if math.isfinite(v)]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i}", label=model)
+        _mean_by_column_number(ax, selected, _BABILONG)
         if "babilong.chance" in selected and selected["babilong.chance"].notna().any():
             ax.axhline(
                 selected["babilong.chance"].astype(float).mean(), color="gray", linestyle="--", label="chance"
             )
-        ax.set_xscale("log", base=2)
         ax.set(xlabel="context length (tokens)", ylabel="accuracy", ylim=(0, 1.02),
                title="BABILong-style reasoning over long context")  # fmt: skip
         _legend(ax)
