@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 STUDY_FORMAT_VERSION = 1
 BYTES_TOKENIZER, BYTE_VOCAB = "bytes", 257  # 256 byte tokens and the end-of-text token
-PRETRAINED_ARCH = "pretrained"  # the architecture of a `pretrained:` reference model: its own config's
+PRETRAINED_ARCH = "pretrained"  # a `pretrained:` reference's architecture: whatever its checkpoint holds
 
 
 class StudyError(ValueError):
@@ -186,8 +186,9 @@ def _check_study_ref(source: str, path: Path, model: str) -> str:
 class ModelSpec(_Strict):
     pretrained: str | None = Field(
         default=None,
-        description="evaluate this checkpoint as a reference point and never train it: a local "
-        "save_pretrained directory, or a hub id (with its own tokenizer)",
+        description="evaluate this checkpoint as a reference point and never train it, with its own "
+        "tokenizer: a local save_pretrained directory, a hub id, or study:FILE#MODEL (MODEL's final "
+        "weights in that study, which rayb runs first)",
     )
     preset: str | None = Field(default=None, description="a named configuration (`rayb params --list`)")
     arch: str | None = Field(
@@ -207,8 +208,8 @@ class ModelSpec(_Strict):
     )
     init_from: str | None = Field(
         default=None,
-        description="start training from these weights (a save_pretrained directory or hub id holding "
-        "the same architecture and shape) instead of a fresh initialisation: a finetuning arm",
+        description="start training from these weights instead of a fresh initialisation (a finetuning "
+        "arm): a save_pretrained directory, a hub id or study:FILE#MODEL, of the same architecture and shape",
     )
 
     @field_validator("pretrained", "init_from")
