@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 import yaml
 from conftest import tiny_study_dict
 from typer.testing import CliRunner
@@ -16,7 +17,13 @@ from rayb.data.parallel import parallel_rows, translate
 from rayb.data.pipeline import _has_column, text_values
 from rayb.eval.corpora import check_corpus, load_corpus
 from rayb.models import build_model
-from rayb.models.pretrained import Checkpoint, count_checkpoint_params, initialise_from
+from rayb.models.pretrained import (
+    Checkpoint,
+    count_checkpoint_params,
+    hub_checkpoint,
+    initialise_from,
+    load_model,
+)
 from rayb.study import StudyError, parse_study
 
 
@@ -95,6 +102,14 @@ def test_initialise_from_copies_weights_and_refuses_other_shapes(saved_gpt2):
     with pytest.raises(ValueError, match="does not fit the model: shape mismatch"):
         initialise_from(wider, checkpoint)
     assert count_checkpoint_params(checkpoint)[0] == sum(p.numel() for p in source.parameters())
+
+
+def test_a_local_save_pretrained_directory_loads_as_saved(saved_gpt2):
+    path, source = saved_gpt2
+    loaded = load_model(hub_checkpoint(str(path))).eval()
+    ids = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, source.eval()(ids).logits)
 
 
 def test_epochs_reorder_batches_identically_for_every_model():
