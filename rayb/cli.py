@@ -55,10 +55,14 @@ def validate(study_file: Path) -> None:
         console.print(f"  {model.label}: {_model_line(model)}", highlight=False)
 
 
+def _duration(hours: float) -> str:
+    return f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+
+
 def _trial_count(study) -> str:
     trained, references = len(study.trained_models), len(study.models) - len(study.trained_models)
     count = (
-        f"{trained} trained models × {len(study.train.lr)} lr × {len(study.seeds)} seeds = "
+        f"{trained} trained model{'s' if trained != 1 else ''} × {len(study.train.lr)} lr × {len(study.seeds)} seeds = "
         f"{trained * len(study.train.lr) * len(study.seeds)} trials"
     )
     return count + (f", and {references} pretrained references evaluated" if references else "")
@@ -109,15 +113,25 @@ def plan(
                       f"{m.flops_per_trial:.3g}", f"{result.gpu_hours(m.flops):,.1f}")  # fmt: skip
     console.print(table)
     gpus = result.gpus_per_trial
+    in_flight = min(result.trials, study.train.max_concurrent_trials or result.trials)
     console.print(
         f"{_trial_count(study)}; {gpus or 'no'} GPU{'s' if gpus != 1 else ''} per trial"
         + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
         + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours(result.flops):,.1f} GPU-hours at {mfu:.0%} MFU "
-        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {result.wall_hours:,.1f} h of wall-clock with "
-        f"{study.train.max_concurrent_trials or 'all'} trials in flight. "
+        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {_duration(result.wall_hours)} of wall-clock with "
+        f"{in_flight} trials in flight ({in_flight * max(1, study.train.num_workers)} workers at once). "
         f"Evaluation ({len(study.eval)} suites per checkpoint) is not included.",
         highlight=False,
     )  # fmt: skip
+    from rayb.study import STUDY_REF
+
+    first = sorted(
+        {ref["file"] for m in study.models if (ref := STUDY_REF.match(m.pretrained or m.init_from or ""))}
+    )
+    if first:
+        console.print(
+            f"It first runs {', '.join(first)} (not counted here): plan those too.", highlight=False
+        )
 
 
 def _unmeasured_gate_metrics(study) -> list[str]:
