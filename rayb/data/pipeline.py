@@ -85,19 +85,20 @@ def check_shards(source: ResolvedSource, column: str) -> None:
             schema = pq.ParquetFile(path, filesystem=source.filesystem).schema_arrow
         except (OSError, pa.ArrowException) as exc:
             raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
-        if not _has_column(schema, column):
-            raise BadShard(f"parquet shard {path} has no text column '{column}'; its columns: {schema}")
+        if column not in _columns(schema):
+            raise BadShard(
+                f"parquet shard {path} has no text column '{column}'; its columns: {_columns(schema)}"
+            )
 
 
-def _has_column(schema: pa.Schema, column: str) -> bool:
-    """Whether `column` (a dotted path for a struct field, e.g. translation.fr) is in the schema."""
-    fields: pa.Schema | pa.StructType | None = schema
-    for name in column.split("."):
-        if fields is None or fields.get_field_index(name) < 0:
-            return False
-        kind = fields.field(fields.get_field_index(name)).type
-        fields = kind if pa.types.is_struct(kind) else None
-    return True
+def _columns(fields: pa.Schema | pa.StructType, prefix: str = "") -> list[str]:
+    """Every column a text_column can name: top-level ones, and struct fields as dotted paths."""
+    names = []
+    for field in fields:
+        names.append(prefix + field.name)
+        if pa.types.is_struct(field.type):
+            names += _columns(field.type, f"{prefix}{field.name}.")
+    return names
 
 
 def text_values(table: pa.Table, column: str) -> list:
