@@ -71,6 +71,18 @@ def _trial(model: str, arch: str, lr: float, seed: int, final: float, params: in
         "speed.version": 1,
         **{f"long_context.ppl@{m}x": math.exp(val_loss) * growth ** math.log2(m) for m in (1, 2, 4)},
         "long_context.version": 1,
+        "pretrained": "",
+        # Three epochs, each closing with validation and (for mamba, standing in for an MoE) a model metric.
+        "epoch_val_loss": [val_loss + 0.4, val_loss + 0.1, val_loss],
+        "epoch_extra": json.dumps([{"expert_gini": g} if model == "mamba" else {} for g in (0.3, 0.2, 0.1)]),
+        "overfit.curve_step": [1, 10, 20],
+        "overfit.curve_loss": [6.0, 2.0, 0.3 * growth],
+        "overfit.curve_grad_norm": [3.0, 1.0, 0.5],
+        "overfit.final_loss": 0.3 * growth,
+        "overfit.version": 1,
+        **{f"babilong.acc.len{n}": state * 256 / n for n in (256, 512, 1024)},
+        "babilong.chance": 0.25,
+        "babilong.version": 1,
     }
 
 
@@ -157,10 +169,13 @@ def test_unknown_reference_raises(results):
 def test_write_report(results, tmp_path):
     report = build_report(results, provenance())
     paths = write_report(report, tmp_path / "out")
-    assert set(paths) == {"report", "json", "html"}
+    assert set(paths) == {"report", "json", "html", "summary"}
     figures = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
     # One size per architecture here: every figure but the scaling law.
-    assert figures == ["context_scaling.png", "loss_curves.png", "pareto.png", "speed.png"]
+    assert figures == sorted(set(FIGURES) - {"scaling_law.png"})
+    summary = paths["summary"].read_text()
+    assert summary.startswith("Study toy: reference gpt") and "Per-epoch validation" in summary
+    assert "| mamba | 3 |" in summary and "expert_gini 0.1" in summary
     img = mpimg.imread(tmp_path / "out" / "loss_curves.png")
     assert img.ndim == 3 and img.shape[0] > 0 and img.shape[1] > 0
 
@@ -263,7 +278,10 @@ def test_full_report_has_every_section(tmp_path):
         "## Gate",
         "## Efficiency",
         "## Scaling laws",
+        "## Per-epoch validation",
         "## Benchmarks",
+        "### Smoke protocol: overfitting a fixed set",
+        "### BABILong-style accuracy",
         "### Context scaling",
         "### Speed and memory",
         "## Loss curves",
