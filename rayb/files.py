@@ -1,11 +1,23 @@
-"""Result files: written atomically, so a crash never leaves half a file where a finished one is expected."""
+"""Result files and directories: written atomically, so a crash never leaves half of one where a finished
+one is expected; and `digest`, the short stable hash that names every hash-keyed output path."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+def digest(value: Any, length: int = 12) -> str:
+    """A short, stable hash of a JSON-able value (key order does not matter)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
@@ -26,3 +38,36 @@ def write_json_atomic(path: Path, value: Any) -> Path:
 def read_json(path: Path) -> dict[str, Any]:
     """A result file's contents, or {} when that step has not finished."""
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+class AtomicDirectory:
+    """The scratch directory of `atomic_directory`; `won` says whether it became the target."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.won = False
+
+
+@contextlib.contextmanager
+def atomic_directory(target: Path) -> Iterator[AtomicDirectory]:
+    """Build a directory in private scratch space beside `target`, then move it into place in one rename.
+
+    Readers never see a half-built `target`: it appears whole or not at all. If the block raises, the
+    scratch directory is removed (nothing leaks). If another process put a complete `target` in place
+    first, this copy is discarded and `won` stays False: the caller then uses the one that is there.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    scratch.chmod(0o755)  # mkdtemp makes it private; a finished cache is readable like any other directory
+    handle = AtomicDirectory(scratch)
+    try:
+        yield handle
+        try:
+            os.replace(scratch, target)  # also succeeds onto an empty directory
+            handle.won = True
+        except OSError:
+            if not (target.is_dir() and any(target.iterdir())):
+                raise  # not a lost race: a real failure to move the result into place
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -6,14 +6,13 @@ workers, eval actors and lm-eval all load the identical vocabulary from disk.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from rayb.files import atomic_directory
 
 EOS = "<|endoftext|>"
 
@@ -35,14 +34,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
     bpe.train_from_iterator(texts, trainer=trainer)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, unk_token=EOS)
     wrapped.pad_token = EOS
-    # Save into a temp dir and rename, so a crash never leaves a half-written tokenizer behind.
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".tok-"))
-    wrapped.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out_dir)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_directory(out_dir) as scratch:  # whole or not at all, even if this process dies
+        wrapped.save_pretrained(scratch.path)
     return out_dir
 
 

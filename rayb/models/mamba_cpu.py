@@ -30,7 +30,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -38,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.mamba.modeling_mamba import MambaMixer, apply_mask_to_padding_states
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+from rayb.files import atomic_directory
 
 SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
 
@@ -65,6 +66,8 @@ def kernel():
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
+        if built.parent.exists():  # an earlier rayb's build directory, left by a killed build
+            shutil.rmtree(built.parent, ignore_errors=True)
         return _build(name, flags, built)
     except Exception as error:  # no compiler, no headers: slower, but still correct
         warnings.warn(
@@ -83,17 +86,11 @@ def _builds_dir() -> Path:
 def _build(name: str, flags: list[str], target: Path):
     from torch.utils.cpp_extension import load
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix="build-"))
-    try:
-        module = load(
+    with atomic_directory(target.parent) as scratch:  # readers see a whole build directory or none
+        return load(
             name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-            build_directory=str(scratch),
+            build_directory=str(scratch.path),
         )  # fmt: skip
-        os.replace(scratch / f"{name}.so", target)  # atomic: readers see a whole library or none
-        return module
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class SelectiveScan(torch.autograd.Function):
