@@ -22,12 +22,13 @@ from pathlib import Path
 
 from rayb import runtime
 from rayb.data.pipeline import prepare_data
+from rayb.data.spec import DataSpec
 from rayb.eval.actors import evaluate, evaluation_jobs
 from rayb.files import read_json
 from rayb.models import build_model
 from rayb.models.checkpoint import save_weights
 from rayb.models.registry import get_arch
-from rayb.study import DataSpec
+from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialSpec
 
 OPTIONS = {  # sized so that one job takes several seconds on one core
@@ -52,7 +53,7 @@ def make_trials(k: int, arch: str, root: Path) -> list[TrialSpec]:
         save_weights(model, trial_dir / "model")
         trials.append(
             TrialSpec(
-                key=f"copy{i}", model=arch, arch=arch, model_config=config, lr=0.0, seed=i, train={}, steps=0,
+                key=f"copy{i}", model=arch, arch=arch, model_config=config, lr=0.0, seed=i, train=TrainSpec(), steps=0,
                 cache_dir=str(cache.path), trial_dir=str(trial_dir), storage_path=str(root / "ray"),
             )
         )  # fmt: skip

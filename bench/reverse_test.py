@@ -61,14 +61,13 @@ def load_trials(study_dir: Path, model: str, seeds: list[int] | str | None) -> l
     for row in df[df["seed"].isin(seeds)].sort_values(["seed", "lr"]).to_dict("records"):
         if row["arch"] != "gpt2":
             raise SystemExit(f"model '{model}' is arch '{row['arch']}'; the reverse test retrains gpt2 only")
-        config = json.loads(row["config"])
         trials.append(
             {
                 "seed": int(row["seed"]),
                 "lr": float(row["lr"]),
-                "model_config": config["model"],
-                "train": config["train"],
-                "steps": int(config["steps"]),
+                "model_config": json.loads(row["model_config"]),
+                "train": row["train"],  # a struct column: the trial's training settings
+                "steps": int(row["steps"]),
                 "trial_dir": Path(row["checkpoint"]).parent,
                 "rayb_val_loss": float(row["val_loss"]),
             }

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rayb.study import StudyError, check_output_dir, load_study
+from rayb.study import StudyError, StudyFailed, check_output_dir, load_study
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Fair architecture comparisons on Ray.")
 # Wide enough for the comparison table when the output is a log file rather than a terminal.
@@ -123,7 +123,7 @@ def plan(
         f"Evaluation ({len(study.eval)} suites per checkpoint) is not included.",
         highlight=False,
     )  # fmt: skip
-    from rayb.study import STUDY_REF
+    from rayb.models.spec import STUDY_REF
 
     first = sorted(
         {ref["file"] for m in study.models if (ref := STUDY_REF.match(m.pretrained or m.init_from or ""))}
@@ -136,7 +136,7 @@ def plan(
 
 def _unmeasured_gate_metrics(study) -> list[str]:
     """Gate metrics whose column no suite of the study produces: the gate will call them not measured."""
-    from rayb.study import GATE_CORE_COLUMNS
+    from rayb.analysis.spec import GATE_CORE_COLUMNS
 
     suites = {suite.split(":", 1)[0] for suite in study.eval} | set(study.eval)
     return [
@@ -189,6 +189,9 @@ def run(
             archive_uri=archive,
             eval_only=eval_only,
         )
+    except StudyFailed as exc:  # after training: the results so far are kept
+        console.print(f"[red]study failed[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=1) from None
     except StudyError as exc:  # found once the data is prepared (a hub tokenizer's size, --eval-only)
         _fail("study", str(exc))
     _print_verdict(outcome.report)
@@ -208,8 +211,7 @@ def run(
 
 def _print_verdict(report) -> None:
     """The comparison table and each gate decision (the full reasons are in the report)."""
-    from rayb.report.sections import gate_headline
-    from rayb.report.study_report import format_table
+    from rayb.report.sections import format_table, gate_headline
 
     console.print(format_table(report.verdict))
     for decision in report.gate:
@@ -429,7 +431,6 @@ def power(
     mean: Annotated[float | None, typer.Option("--mean", help="the metric's mean, with --std")] = None,
 ) -> None:
     """Seeds per model needed to detect a relative difference, from a study's (or a pilot's) spread."""
-    import pandas as pd
 
     from rayb.analysis.stats import best_by, finite_values, seeds_needed
 
@@ -441,12 +442,17 @@ def power(
         console.print(f"{needed or 'more than 10,000'} seeds per model detect a {relative:.1%} difference "
                       f"(std {std:.3g}, mean {mean:.4g}) with power {target:.0%} at α = {alpha:g}")  # fmt: skip
         return
-    results = study_dir / "results.parquet"
+    from rayb.results import RESULTS_NAME, read_results
+
+    results = study_dir / RESULTS_NAME
     if not results.exists():
         _fail(
             "study_dir", f"{results} does not exist; give a study directory (rayb_out/studies/<name>-<hash>)"
         )
-    table = best_by(pd.read_parquet(results), "model", "lr", metric)
+    try:
+        table = best_by(read_results(results), "model", "lr", metric)
+    except ValueError as exc:
+        _fail("study_dir", str(exc))
     out = Table(
         title=f"seeds to detect a {relative:.1%} difference in {metric} (power {target:.0%}, α {alpha:g})"
     )

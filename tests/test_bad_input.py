@@ -27,20 +27,14 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from rayb.analysis.spec import VerdictSpec
 from rayb.cli import app
 from rayb.data import corpus
+from rayb.data.spec import DataSpec, SourceSpec
 from rayb.models import available
-from rayb.study import (
-    DataSpec,
-    ModelSpec,
-    SourceSpec,
-    Study,
-    StudyError,
-    TrainSpec,
-    VerdictSpec,
-    load_study,
-    parse_study,
-)
+from rayb.models.spec import ModelSpec
+from rayb.study import Study, StudyError, load_study, parse_study
+from rayb.train.spec import TrainSpec
 
 # No example database: runs stay independent and fast. (Hypothesis still caches constants under
 # `.hypothesis/`, which belongs in .gitignore.)

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
 import yaml
 from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
 from typer.testing import CliRunner
 
 from rayb.cli import app
+from rayb.results import read_results
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE
 
@@ -64,7 +64,7 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
     (restart,) = restart_points(interrupted / METRICS)
     assert restart in (9, 17)
     (study_dir,) = (out / "studies").iterdir()
-    table = pd.read_parquet(study_dir / "results.parquet")
+    table = read_results(study_dir / "results.parquet")
     assert sorted(table.seed) == [0, 1, 2] and (table.status == "ok").all()
 
 
@@ -81,7 +81,7 @@ def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path)
     result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     (study_dir,) = (tmp_path / "out" / "studies").iterdir()
-    table = pd.read_parquet(study_dir / "results.parquet").set_index("model")
+    table = read_results(study_dir / "results.parquet").set_index("model")
     assert table.loc["unstable", "status"] == "diverged"
     assert table.loc["unstable", "steps"] == 3
     assert table.loc["gpt2", "status"] == "ok"
@@ -90,3 +90,20 @@ def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path)
         "excluded"
     ]
     assert [r["model"] for r in verdict["rows"]] == ["gpt2"]
+
+    # The same trials judged against the diverged model: no verdict can be drawn. That is a study error
+    # with its message, not a traceback, and everything computed so far is kept (nothing is retrained).
+    raw["verdict"] = {"reference": "unstable"}
+    study_file.write_text(yaml.safe_dump(raw))
+    failed = CliRunner().invoke(app, ["run", str(study_file), "--output", str(tmp_path / "out")])
+    assert failed.exit_code == 1 and "Traceback" not in failed.output, failed.output
+    assert (
+        "study failed" in failed.output
+        and "reference model 'unstable' has no finished trial" in failed.output
+    )
+    assert "2 already trained; training 0" in failed.output  # nothing was retrained
+    (judged,) = [d for d in (tmp_path / "out" / "studies").iterdir() if d != study_dir]
+    assert (
+        len(read_results(judged / "results.parquet")) == 2
+        and "ValueError" in (judged / "error.txt").read_text()
+    )

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 from conftest import tiny_study_dict
 
 from rayb.analysis.gate import gate_all, grade_ratio, loss_spikes
-from rayb.study import GateSpec, MetricRule, StudyError, parse_study
+from rayb.analysis.spec import GateSpec, MetricRule
+from rayb.results import ResultRow, results_frame
+from rayb.study import StudyError, parse_study
 
 BASE = {"loss": 3.0, "state": 0.40, "speed": 100.0, "memory": 1000.0}
 STEPS = list(range(1, 41))
@@ -19,24 +20,28 @@ SMOOTH = [3.0 + 2.0 * 0.9**s for s in STEPS]
 
 def _rows(
     model: str, loss: float, state: float | None, speed: float, memory: float, curve=SMOOTH
-) -> list[dict]:
+) -> list[ResultRow]:
     """Two seeds with the given means (±1% either side)."""
     rows = []
     for sign in (-1, 1):
-        row = {
-            "model": model, "arch": model, "lr": 1e-3, "seed": (sign + 1) // 2, "status": "ok",
-            "val_loss": loss * (1 + 0.01 * sign), "speed.gen_tokens_per_s": speed * (1 + 0.01 * sign),
-            "speed.gen_peak_bytes": memory * (1 + 0.01 * sign), "curve_step": STEPS, "curve_train_loss": curve,
-        }  # fmt: skip
+        metrics = {
+            "speed.gen_tokens_per_s": speed * (1 + 0.01 * sign),
+            "speed.gen_peak_bytes": memory * (1 + 0.01 * sign),
+        }
         if state is not None:
-            row["statefulness.accuracy"] = state * (1 + 0.01 * sign)
-        rows.append(row)
+            metrics["statefulness.accuracy"] = state * (1 + 0.01 * sign)
+        rows.append(
+            ResultRow(
+                "gate", model, model, 1e-3, (sign + 1) // 2, f"{model}-{sign}", "ok", val_loss=loss * (1 + 0.01 * sign),
+                curve_step=STEPS, curve_train_loss=curve, metrics=metrics,
+            )
+        )  # fmt: skip
     return rows
 
 
 def decide(loss=1.0, state=1.0, speed=1.0, memory=1.0, curve=SMOOTH, spec=None):
     """The default gate for one candidate whose metrics are the given ratios of the baseline's."""
-    table = pd.DataFrame(
+    table = results_frame(
         _rows("base", **BASE)
         + _rows(
             "cand",
@@ -166,14 +171,14 @@ def test_unmeasured_metric_is_reported_and_its_red_line_unchecked():
 
 
 def test_zero_baseline_is_not_measured():
-    table = pd.DataFrame(_rows("base", 3.0, 0.0, 100.0, 1000.0) + _rows("cand", 2.9, 0.2, 100.0, 1000.0))
+    table = results_frame(_rows("base", 3.0, 0.0, 100.0, 1000.0) + _rows("cand", 2.9, 0.2, 100.0, 1000.0))
     (d,) = gate_all(GateSpec(), table, "base")
     assert d.grade("statefulness").grade == "not measured"
     assert any("baseline mean is 0" in r for r in d.reasons)
 
 
 def test_named_candidate_without_trials_fails_the_gate():
-    table = pd.DataFrame(_rows("base", **BASE))
+    table = results_frame(_rows("base", **BASE))
     (d,) = gate_all(GateSpec(candidates=["ghost"]), table, "base")
     assert not d.go and d.reasons == ["ghost has no finished trial to gate"]
 
@@ -237,7 +242,7 @@ def test_validate_warns_about_gate_metrics_no_suite_measures(tmp_path):
 
 
 def test_speed_measured_over_different_generation_lengths_is_not_comparable():
-    table = pd.DataFrame(_rows("base", **BASE) + _rows("cand", 2.9, 0.4, 300.0, 300.0))
+    table = results_frame(_rows("base", **BASE) + _rows("cand", 2.9, 0.4, 300.0, 300.0))
     table["speed.gen_tokens"] = [112, 112, 256, 256]  # the baseline's position table stopped it early
     (d,) = gate_all(GateSpec(), table, "base")
     assert d.grade("speed").grade == d.grade("memory").grade == "not comparable"
@@ -253,7 +258,7 @@ def test_speed_measured_over_different_generation_lengths_is_not_comparable():
 
 
 def test_significance_alpha_grades_noise_as_parity():
-    noisy = pd.DataFrame(_rows("base", **BASE) + _rows("cand", 2.0, 0.5, 100.0, 1000.0))
+    noisy = results_frame(_rows("base", **BASE) + _rows("cand", 2.0, 0.5, 100.0, 1000.0))
     noisy.loc[noisy.model == "cand", "statefulness.accuracy"] = [0.30, 0.70]  # mean 0.5, but all over
     (plain,) = gate_all(GateSpec(), noisy, "base")
     assert plain.grade("statefulness").grade == "promising"  # ratio 1.25 of the means, as written

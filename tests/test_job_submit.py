@@ -9,10 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 from conftest import tiny_study_dict
+
+from rayb.results import read_results
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).parent.parent
@@ -66,7 +67,7 @@ def test_submitted_study_succeeds_and_writes_its_report(head_node, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "succeeded" in done.stdout.lower()
     (study_dir,) = (out / "studies").iterdir()
-    table = pd.read_parquet(study_dir / "results.parquet")
+    table = read_results(study_dir / "results.parquet")
     assert sorted(table.model) == ["gpt2", "mamba"] and (table.status == "ok").all()
     assert "gpt2" in (study_dir / "report.md").read_text()
     # The archive outlives the cluster's file system: results, report and the trials' models.

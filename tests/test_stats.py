@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from rayb.analysis.stats import Comparison, Summary, best_by, compare, summarize
+from rayb.results import ResultRow, write_results
 
 REF = [3.10, 3.14, 3.12, 3.11]
 CAND = [2.95, 2.99, 2.97]
@@ -158,9 +159,9 @@ def test_power_cli(tmp_path):
     runner = CliRunner()
     pilot = runner.invoke(app, ["power", "--std", "0.05", "--mean", "3.0", "--diff", "2%"])
     assert pilot.exit_code == 0 and pilot.output.startswith("12 seeds per model")
-    rows = [{"model": m, "lr": 1e-3, "seed": s, "status": "ok", "val_loss": v}
+    rows = [ResultRow("pilot", m, m, 1e-3, s, f"{m}-{s}", "ok", val_loss=v)
             for m, vals in (("gpt2", REF), ("mamba", CAND)) for s, v in enumerate(vals)]  # fmt: skip
-    pd.DataFrame(rows).to_parquet(tmp_path / "results.parquet")
+    write_results(rows, tmp_path / "results.parquet")
     study = runner.invoke(app, ["power", str(tmp_path), "--diff", "0.5%"])
     assert study.exit_code == 0, study.output
     assert "gpt2" in study.output and "mamba" in study.output

@@ -35,7 +35,7 @@ def test_defaults_and_normalisation():
     assert study.seeds == [0, 1, 2]
     assert study.train.lr == [3e-3]  # a scalar lr becomes a one-point sweep
     assert study.reference == "gpt2"  # the first model when none is named
-    assert study.train.dtype == "fp32"  # auto on CPU
+    assert study.train.resolved_precision == "fp32"  # auto on CPU
 
 
 def _broken(path: tuple, value):
@@ -199,3 +199,134 @@ def test_matched_compute_gives_each_model_the_same_flops():
     raw["train"]["flops_budget"] = 1e13  # more tokens than the data holds
     with pytest.raises(StudyError, match="more than data.token_budget"):
         parse_study(raw)
+
+
+# Hashes name every output directory. These were computed by rayb before its study schema was split by
+# component (commit 1eef507): a refactor that changes one would orphan every finished trial.
+STORED_HASHES = {
+    "smoke.yaml": ("9e7462414fa2", {"gpt2": "754ef53e377f", "llama": "86eb31db125f", "mamba": "8a52a3d615b3"}),
+    "some-vs-gpt2.yaml": ("f08d59be6eb0", {"gelu-mlp": "01c40ca18408", "some": "d34ce1b8485c"}),
+    "titans.yaml": ("4e13504dc7f7", {"transformerpp-50m": "fd35da1d24ce", "mamba2-360m": "b956cf6205ba",
+                                     "gdn-760m": "740e20f5a71f"}),
+    "groundthink-gate.yaml": ("d3ad0564ebf7", {"gpt2-125m": "d60ef20e5740", "candidate-3.5m": "ae1825bd6e8f"}),
+    "zoo.yaml": ("672639f675e9", {"nanogpt": "bcd30101f0b9", "rwkv6": "016c4e3ad326", "moe": "f85321a71061"}),
+}  # fmt: skip
+SMOKE_DATA_KEY = "b32105bb2c2d"
+
+
+@pytest.mark.parametrize("name", sorted(STORED_HASHES))
+def test_study_and_trial_hashes_are_those_stored(name):
+    study = load_study(CONFIGS / name)
+    fingerprint, trial_keys = STORED_HASHES[name]
+    assert study.fingerprint() == fingerprint
+    models = {m.label: m for m in study.models}
+    for label, key in trial_keys.items():
+        assert study.trial_key(models[label], study.train.lr[0], study.seeds[0], "datakey0") == key, label
+
+
+def test_the_data_key_is_the_one_stored():
+    from rayb.data import corpus
+    from rayb.data.pipeline import data_key
+    from rayb.data.sources import ResolvedSource, embedded_args
+
+    spec = load_study(CONFIGS / "smoke.yaml").data
+    content = {
+        s.name: ResolvedSource([], None, [*embedded_args(s.uri), corpus.GENERATOR_VERSION])
+        for s in spec.sources
+    }
+    assert data_key(spec, content) == SMOKE_DATA_KEY
+
+
+def test_a_setting_added_later_enters_hashes_only_when_used():
+    raw = tiny_study_dict()
+    plain = parse_study(raw)
+    raw["train"]["allow_slow_kernels"] = True
+    allowed = parse_study(raw)
+    assert "allow_slow_kernels" not in plain.train.hashed() and allowed.train.hashed()["allow_slow_kernels"]
+    assert plain.fingerprint() != allowed.fingerprint()
+
+
+def test_relative_paths_are_read_from_the_study_files_directory(tmp_path, monkeypatch):
+    """`cd configs && rayb run backpack.yaml`: study references, local data, tokenizer directories and
+    corpus files all resolve against the file, not the current directory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayb.data.tokenizer import load_tokenizer, train_bpe
+
+    study_dir = tmp_path / "studies"
+    (study_dir / "data").mkdir(parents=True)
+    pq.write_table(
+        pa.table({"text": ["a document", "another one"] * 50}), study_dir / "data" / "part.parquet"
+    )
+    train_bpe(["a document", "another one"] * 50, 300, study_dir / "tok")
+    (study_dir / "eval.txt").write_text("held-out text to score")
+    raw = tiny_study_dict()
+    raw["data"] |= {"sources": [{"name": "local", "uri": "data/", "weight": 1.0}], "tokenizer": "tok"}
+    raw["eval"] = ["lm", "lm:eval.txt"]
+    (study_dir / "study.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)  # anywhere but the study's directory
+    study = load_study(study_dir / "study.yaml")
+    assert study.data.sources[0].location == str(study_dir / "data")
+    assert study.data.tokenizer_location == str(study_dir / "tok")
+    assert study.data.nominal_vocab == len(load_tokenizer(study_dir / "tok"))  # read from there, not from cwd
+    from rayb.eval.registry import check_suite_argument
+
+    assert check_suite_argument("lm:eval.txt", study.base_dir) == str(study_dir / "eval.txt")
+    monkeypatch.chdir(CONFIGS)
+    backpack = load_study("backpack-tiny.yaml")  # names study:backpack-pretrain-tiny.yaml#transformer
+    assert backpack.models[2].checkpoint.location == str(CONFIGS / "backpack-pretrain-tiny.yaml")
+    result = CliRunner().invoke(app, ["validate", "backpack-tiny.yaml"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_relative_path_that_names_nothing_is_refused_with_where_it_looked(tmp_path):
+    raw = tiny_study_dict()
+    raw["data"]["sources"][0]["uri"] = "shards/"
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(
+        StudyError, match=rf"data.sources.0.uri: no parquet files at 'shards/' \(looked in {tmp_path}/shards"
+    ):
+        load_study(tmp_path / "study.yaml")
+
+
+def test_a_study_without_lm_is_refused_before_any_work(tmp_path):
+    """It would train every trial and then have no val_loss to compare: `rayb validate` says so."""
+    raw = tiny_study_dict(eval=["long_context"])
+    with pytest.raises(StudyError, match="eval: add lm to eval: the verdict compares"):
+        parse_study(raw)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "study.yaml")])
+    assert result.exit_code == 2 and "eval: add lm to eval" in result.output
+
+
+def test_a_pretrained_model_is_never_the_reference(saved_checkpoint):
+    raw = tiny_study_dict()
+    raw["models"] = [{"pretrained": str(saved_checkpoint), "name": "ref"}, *raw["models"]]
+    assert parse_study(raw).reference == "gpt2"  # by default the first trained model
+    raw["verdict"] = {"reference": "ref"}
+    with pytest.raises(
+        StudyError, match="verdict.reference 'ref' is a pretrained model, scored in its own tokens"
+    ):
+        parse_study(raw)
+
+
+@pytest.fixture
+def saved_checkpoint(tmp_path):
+    from rayb.models import build_model
+
+    model = build_model("gpt2", {"d_model": 32, "n_layer": 1, "n_head": 2}, 300, 32)
+    model.save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_a_bug_in_a_users_builder_keeps_its_cause_and_place(tmp_path, monkeypatch):
+    (tmp_path / "buggy_model.py").write_text("def build(config, vocab_size, seq_len):\n    return 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rayb.models import build_model
+    from rayb.models.registry import ModelBuildError
+
+    with pytest.raises(ModelBuildError) as caught:
+        build_model("buggy_model:build", {}, 300, 32)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)  # the user's traceback is kept
+    assert f"raised at {tmp_path / 'buggy_model.py'}:2" in str(caught.value)

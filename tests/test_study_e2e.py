@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 
-import pandas as pd
 import pytest
 import yaml
 from conftest import tiny_study_dict
 from typer.testing import CliRunner
 
 from rayb.cli import app
+from rayb.results import read_results
 from rayb.study import parse_study
 
 pytestmark = pytest.mark.ray
@@ -31,7 +31,7 @@ def test_study_writes_results_table_and_report(study_run):
     assert result.exit_code == 0, result.output
     study = parse_study(yaml.safe_load(study_file.read_text()))
     (study_dir,) = (out / "studies").iterdir()
-    table = pd.read_parquet(study_dir / "results.parquet")
+    table = read_results(study_dir / "results.parquet")
 
     assert len(table) == 4  # 2 models × 1 lr × 2 seeds, each exactly once
     assert sorted(zip(table.model, table.seed, strict=True)) == [
@@ -75,7 +75,7 @@ def test_rerun_trains_nothing(study_run, tmp_path):
     assert result.exit_code == 0, result.output
     assert "trained 0 trials, ran 0 evaluations" in result.output
     assert {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")} == before
-    assert len(pd.read_parquet(study_dir / "results.parquet")) == 4
+    assert len(read_results(study_dir / "results.parquet")) == 4
     # The archive has the output's layout: the study's results and every trial's model and evaluations.
     assert "archived to " in result.output
     archived_study = bucket / "studies" / study_dir.name
@@ -113,7 +113,7 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     assert "trained 0 trials, ran 28 evaluations" in result.output
     assert "evaluation" in result.output and "no_such_task" in result.output  # reported, not fatal
     study_dir = next((out / "studies").glob("tiny-evals-*"))
-    table = pd.read_parquet(study_dir / "results.parquet")
+    table = read_results(study_dir / "results.parquet")
     report = (study_dir / "report.md").read_text()
     assert "## Benchmarks" in report and "### recall (v1)" in report and "| mqar_acc" in report
     assert "### Failed evaluations" in report and "lm_eval:no_such_task" in report
@@ -121,8 +121,7 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     for column in (f"lm:{corpus}.bpb", "lm_eval:rayb_facts.acc", "statefulness.recall_acc.d2",
                    "recall.mqar_acc", "long_context.ppl@1x", "speed.gen_tokens_per_s", "speed.version"):  # fmt: skip
         assert table[column].notna().all(), column
-    errors = [json.loads(e) for e in table.eval_errors]
-    assert all(list(e) == ["lm_eval:no_such_task"] for e in errors)
+    assert all(list(e) == ["lm_eval:no_such_task"] for e in table.eval_errors)
     assert (table.model == "mamba").any() and table[table.model == "mamba"]["recall.mqar_acc"].notna().all()
 
     # The gate reads the measured suites: all four default metrics graded, none "not measured".

@@ -3,6 +3,8 @@ checkpoints, epochs, byte-level and struct-column data, generated eval corpora, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -15,7 +17,7 @@ from rayb.cli import app
 from rayb.data.cache import epoch_batch
 from rayb.data.parallel import parallel_rows, translate
 from rayb.data.pipeline import _columns, text_values
-from rayb.eval.corpora import check_corpus, load_corpus
+from rayb.eval.corpora import load_corpus, resolve_corpus
 from rayb.models import build_model
 from rayb.models.pretrained import (
     Checkpoint,
@@ -66,8 +68,11 @@ def test_a_pretrained_reference_is_a_model_without_training(saved_gpt2):
         ({"pretrained": "not a hub id!"}, "neither an existing directory"),
         ({"pretrained": "EleutherAI/pythia-14m", "arch": "gpt2"}, "drop arch and preset"),
         ({"pretrained": "EleutherAI/pythia-14m", "size": "1M"}, "evaluated as it is"),
-        ({"arch": "gpt2", "init_from": "study:configs/nope.yaml#gpt2"}, "no such study file"),
-        ({"arch": "gpt2", "init_from": "study:configs/smoke.yaml#nobody"}, "trains no model 'nobody'"),
+        ({"arch": "gpt2", "name": "arm", "init_from": "study:configs/nope.yaml#gpt2"}, "no such study file"),
+        (
+            {"arch": "gpt2", "name": "arm", "init_from": "study:configs/smoke.yaml#nobody"},
+            "trains no model 'nobody'",
+        ),
     ],
 )
 def test_bad_checkpoint_references_are_refused_naming_the_field(entry, expected):
@@ -106,7 +111,7 @@ def test_initialise_from_copies_weights_and_refuses_other_shapes(saved_gpt2):
 
 def test_a_local_save_pretrained_directory_loads_as_saved(saved_gpt2):
     path, source = saved_gpt2
-    loaded = load_model(hub_checkpoint(str(path))).eval()
+    loaded = load_model(hub_checkpoint(str(path), str(path))).eval()
     ids = torch.randint(0, 512, (2, 16))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, source.eval()(ids).logits)
@@ -143,11 +148,11 @@ def test_struct_text_columns_and_the_parallel_stand_in():
 
 
 def test_generated_eval_corpora():
-    check_corpus("embedded://web?docs=2&seed=3")
+    assert resolve_corpus("embedded://web?docs=2&seed=3", Path.cwd()) == "embedded://web?docs=2&seed=3"
     assert load_corpus("embedded://web?docs=2&seed=3") == load_corpus("embedded://web?docs=2&seed=3")
     assert load_corpus("embedded://web?docs=2&seed=3") != load_corpus("embedded://web?docs=2&seed=4")
     with pytest.raises(ValueError, match="text sources"):
-        check_corpus("embedded://europarl?docs=2")
+        resolve_corpus("embedded://europarl?docs=2", Path.cwd())
 
 
 @pytest.mark.ray

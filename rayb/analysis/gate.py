@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rayb.analysis.spec import GateSpec, MetricRule, parse_threshold
 from rayb.analysis.stats import finite_values, welch
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from rayb.study import GateSpec, MetricRule
 
 GRADES = ("below good", "good", "promising", "excellent")
 """Classes from worst to best; UNGRADED metrics are outside the order, and count for nothing."""
@@ -63,8 +63,6 @@ class GateDecision:
 
 
 def _holds(condition: str, ratio: float) -> bool:
-    from rayb.study import parse_threshold
-
     op, limit = parse_threshold(condition)
     return _OPERATORS[op](ratio, limit)
 
@@ -194,8 +192,6 @@ def _at_least(grade: str, floor: str) -> bool:
 
 def _beyond_parity(condition: str) -> bool:
     """Whether meeting the condition means being better than the baseline, not just as good."""
-    from rayb.study import parse_threshold
-
     op, limit = parse_threshold(condition)
     return {"<": limit <= 1, "<=": limit < 1, ">": limit >= 1, ">=": limit > 1}[op]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rayb.study import STUDY_REF, Study
+from rayb.study import Study
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ def _corpus(name: str) -> str:
 
 
 def _hub_checkpoints(study: Study) -> list[str]:
-    sources = {m.pretrained or m.init_from for m in study.models} - {None}
-    return sorted(s for s in sources if not STUDY_REF.match(s) and not Path(s).expanduser().exists())
+    return sorted(
+        {ref.source for m in study.models if (ref := m.checkpoint) is not None and ref.kind == "hub"}
+    )
 
 
 def _checkpoint(source: str) -> str:

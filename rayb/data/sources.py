@@ -9,16 +9,18 @@ who can reach them. A new scheme plugs in with `@register_scheme("name")`.
 from __future__ import annotations
 
 import glob
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rayb.data import corpus
+from rayb.files import write_atomic
+from rayb.registry import Registry
 
 EMBEDDED_SOURCES = (*corpus.SOURCES, "europarl")
 
@@ -32,16 +34,12 @@ class ResolvedSource:
 
 
 Resolver = Callable[[str, Path], ResolvedSource]
-_SCHEMES: dict[str, Resolver] = {}
+SCHEMES: Registry[Resolver] = Registry("data scheme")
 _REMOTE = ("hf", "s3", "gs")
 
 
 def register_scheme(name: str) -> Callable[[Resolver], Resolver]:
-    def wrap(fn: Resolver) -> Resolver:
-        _SCHEMES[name] = fn
-        return fn
-
-    return wrap
+    return SCHEMES.decorator(name)
 
 
 def scheme_of(uri: str) -> str:
@@ -49,22 +47,38 @@ def scheme_of(uri: str) -> str:
 
 
 def check_uri(uri: str) -> None:
-    """Cheap validation used by the study schema (no generation, no network)."""
+    """The URI's form, checked when a study is parsed (no I/O: local files are checked by `local_uri`)."""
     scheme = scheme_of(uri)
-    if scheme.lower() in _SCHEMES and scheme not in _SCHEMES:
+    if scheme.lower() in SCHEMES and scheme not in SCHEMES:
         raise ValueError(f"write the scheme of '{uri}' in lower case: {scheme.lower()}://")
-    if scheme not in _SCHEMES:
+    if scheme not in SCHEMES:
+        others = [f"{name}://" for name in SCHEMES.names() if name != "file"]
         raise ValueError(
-            f"unknown data scheme '{scheme.lower()}://'; use one of {', '.join(sorted(_SCHEMES))}:// or a path"
+            f"unknown data scheme '{scheme.lower()}://'; use one of {', '.join(others)} or a path"
         )
     if scheme == "embedded":
         embedded_args(uri)
-    elif scheme == "file" and not _local_files(uri):
-        raise ValueError(f"no parquet files at '{uri}' (give a .parquet file, a directory of them or a glob)")
+
+
+def local_uri(uri: str, base_dir: Path) -> str:
+    """A local path as an absolute one (relative paths are read from the study file's directory); other
+    URIs unchanged. A local path that holds no parquet file is an error."""
+    if scheme_of(uri) != "file":
+        return uri
+    try:
+        path = Path(uri.removeprefix("file://")).expanduser()
+    except RuntimeError:  # '~user' of an unknown user
+        path = Path(uri.removeprefix("file://"))
+    absolute = str(path if path.is_absolute() else base_dir / path)
+    if not _local_files(absolute):
+        raise ValueError(
+            f"no parquet files at '{uri}' (looked in {absolute}; give a .parquet file, a directory of them or a glob)"
+        )
+    return absolute
 
 
 def resolve(uri: str, cache_root: Path) -> ResolvedSource:
-    return _SCHEMES[scheme_of(uri)](uri, cache_root)
+    return SCHEMES.get(scheme_of(uri))(uri, cache_root)
 
 
 def embedded_args(uri: str) -> tuple[str, int, int]:
@@ -102,11 +116,11 @@ def _write_parallel(out: Path, docs: int, seed: int) -> Path:
     from rayb.data.parallel import parallel_rows
 
     path = out / "part-00000.parquet"
-    if not path.exists():  # written under a temporary name and renamed: never half a file
+    if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
-        partial = out / f".part-00000.parquet.{os.getpid()}"
-        pq.write_table(parallel_rows(docs, seed), partial)
-        os.replace(partial, path)
+        sink = pa.BufferOutputStream()
+        pq.write_table(parallel_rows(docs, seed), sink)
+        write_atomic(path, sink.getvalue().to_pybytes())
     return path
 
 

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 
 from rayb.data.corpus import SOURCES, generate_documents
 from rayb.data.sources import embedded_args
+from rayb.files import write_atomic
+from rayb.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,11 @@ class HubCorpus:
     max_rows: int | None = None  # a subset, e.g. PG19's first books
 
 
-CORPORA: dict[str, HubCorpus] = {}
+CORPORA: Registry[HubCorpus] = Registry("evaluation corpus")
 
 
-def register_corpus(name: str, corpus: HubCorpus) -> None:
-    CORPORA[name] = corpus
+def register_corpus(name: str, corpus: HubCorpus) -> HubCorpus:
+    return CORPORA.register(name, corpus)
 
 
 register_corpus("wikitext2", HubCorpus("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "text", ""))
@@ -49,18 +51,20 @@ def corpora_dir() -> Path:
     return Path(os.environ.get("RAYB_CORPORA", Path.home() / ".cache" / "rayb" / "corpora")).expanduser()
 
 
-def check_corpus(argument: str) -> None:
-    """Validation at study load: a path must exist; otherwise the name must be registered."""
+def resolve_corpus(argument: str, base_dir: Path) -> str:
+    """`lm:ARGUMENT` checked when a study is resolved: a path must exist (a relative one is read from the
+    study file's directory, and returned absolute); otherwise the name must be registered."""
     if argument.startswith("embedded://"):
         _embedded_text_args(argument)
-        return
-    looks_like_path = "/" in argument or "." in argument
-    if looks_like_path and not Path(argument).expanduser().exists():
-        raise ValueError(f"corpus file '{argument}' does not exist")
-    if not looks_like_path and argument not in CORPORA:
-        raise ValueError(
-            f"unknown corpus '{argument}'; use a file path or one of {', '.join(sorted(CORPORA))}"
-        )
+        return argument
+    if "/" in argument or "." in argument:  # a path
+        path = base_dir / Path(argument).expanduser()
+        if not path.exists():
+            raise ValueError(f"corpus file '{argument}' does not exist (looked for {path})")
+        return str(path.resolve())
+    if argument not in CORPORA:
+        raise ValueError(CORPORA.unknown(argument) + "; or give a file path")
+    return argument
 
 
 def _embedded_text_args(uri: str) -> tuple[str, int, int]:
@@ -80,7 +84,7 @@ def load_corpus(argument: str) -> str:
     if local.exists():
         return local.read_text(encoding="utf-8")
     if argument not in CORPORA:
-        raise ValueError(f"no corpus file or registered corpus named '{argument}'")
+        raise ValueError(CORPORA.unknown(argument) + "; or give a file path")
     return fetch_corpus(argument)
 
 
@@ -93,16 +97,14 @@ def fetch_corpus(name: str) -> str:
         )
     from datasets import load_dataset
 
-    spec = CORPORA[name]
+    spec = CORPORA.get(name)
     rows = load_dataset(spec.dataset, spec.config, split=spec.split)
     if spec.max_rows is not None:
         rows = rows.select(range(min(spec.max_rows, len(rows))))
     text = spec.joiner.join(rows[spec.column])
     target = corpora_dir() / f"{name}.txt"
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".txt.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(target)
+    write_atomic(target, text.encode("utf-8"))
     return text
 
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
 
 from rayb.data.cache import TokenCache
+from rayb.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -43,21 +47,12 @@ class EvalContext:
     def vocab_size(self) -> int:
         return self.cache.manifest["vocab_size"] if self.study_tokens else len(self.tokenizer)
 
-    def held_out_text(self) -> str:
-        """The held-out rows as text, documents separated by blank lines."""
-        from rayb.data.tokenizer import load_tokenizer
-
-        study = load_tokenizer(self.cache.tokenizer_dir)
-        stream = np.asarray(self.cache.val).reshape(-1)
-        documents = np.split(stream, np.flatnonzero(stream == study.eos_token_id))
-        texts = (study.decode(d[d != study.eos_token_id]) for d in documents)
-        return "\n\n".join(t for t in texts if t.strip())
-
     def held_out_stream(self) -> np.ndarray:
-        """The held-out tokens as one stream, in this model's own tokens."""
+        """The held-out tokens as one stream, in this model's own tokens (a reference's from the held-out
+        text as the sources hold it, documents separated by blank lines)."""
         if self.study_tokens:
             return np.asarray(self.cache.val).reshape(-1)
-        ids = self.tokenizer(self.held_out_text(), add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(self.cache.held_out.text(), add_special_tokens=False)["input_ids"]
         return np.asarray(ids, dtype=np.int64)
 
 
@@ -70,40 +65,50 @@ class Benchmark:
     description: str
     argument: str | None = None  # what `name:argument` means, or None if the family takes none
     argument_required: bool = False
-    check_argument: Callable[[str], None] | None = None  # raises ValueError for a bad argument
+    # (argument, the study file's directory) -> the argument, a relative path made absolute; raises
+    # ValueError for an argument that names nothing (a missing file, an unknown corpus)
+    resolve_argument: Callable[[str, Path], str] | None = None
+    exclusive_device: bool = False  # runs alone on its device (timings), never beside another evaluation
 
 
-_BENCHMARKS: dict[str, Benchmark] = {}
+BENCHMARKS: Registry[Benchmark] = Registry(
+    "eval suite",
+    builtins=dict(
+        babilong="rayb.eval.babilong",
+        lm="rayb.eval.lm",
+        lm_eval="rayb.eval.harness",
+        long_context="rayb.eval.long_context",
+        overfit="rayb.eval.overfit",
+        recall="rayb.eval.recall",
+        speed="rayb.eval.speed",
+        statefulness="rayb.eval.probes",
+    ),
+)
 
 
 def register_benchmark(benchmark: Benchmark) -> Benchmark:
-    _BENCHMARKS[benchmark.name] = benchmark
-    return benchmark
-
-
-def benchmarks() -> dict[str, Benchmark]:
-    _load_builtins()
-    return dict(_BENCHMARKS)
-
-
-def _load_builtins() -> None:
-    from rayb.eval import babilong, harness, lm, long_context, overfit, probes, recall, speed  # noqa: F401
+    return BENCHMARKS.register(benchmark.name, benchmark)
 
 
 def parse_suite(suite: str) -> tuple[Benchmark, str | None]:
-    """`name[:argument]` -> (benchmark, argument); ValueError naming what is wrong."""
+    """`name[:argument]` -> (benchmark, argument); ValueError naming what is wrong. Only the suite's own
+    module is imported (lm-eval only for lm_eval:TASK)."""
     name, _, argument = suite.partition(":")
-    known = benchmarks()
-    if name not in known:
-        raise ValueError(f"unknown eval suite '{name}'; available: {', '.join(sorted(known))}")
-    benchmark = known[name]
+    benchmark = BENCHMARKS.get(name)
     if argument and benchmark.argument is None:
         raise ValueError(f"eval suite '{name}' takes no argument (got '{suite}')")
     if not argument and benchmark.argument_required:
         raise ValueError(f"eval suite '{name}' needs an argument: '{name}:<{benchmark.argument}>'")
-    if argument and benchmark.check_argument is not None:
-        benchmark.check_argument(argument)
     return benchmark, argument or None
+
+
+def check_suite_argument(suite: str, base_dir: Path | None = None) -> str | None:
+    """A suite's argument checked against what it names (a corpus file must exist: I/O, so this runs when a
+    study is resolved, not while its fields are parsed); returns it with a relative path made absolute."""
+    benchmark, argument = parse_suite(suite)
+    if argument is not None and benchmark.resolve_argument is not None:
+        argument = benchmark.resolve_argument(argument, base_dir or Path.cwd())
+    return argument
 
 
 def make_options(benchmark: Benchmark, values: dict[str, Any] | None) -> Any:

@@ -1,4 +1,4 @@
 from rayb.models.accounting import ParamCount, count_params
-from rayb.models.registry import available, build_model, check_arch, register
+from rayb.models.registry import available, build_model, register
 
-__all__ = ["ParamCount", "available", "build_model", "check_arch", "count_params", "register"]
+__all__ = ["ParamCount", "available", "build_model", "count_params", "register"]

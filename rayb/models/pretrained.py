@@ -32,9 +32,10 @@ class Checkpoint:
         return asdict(self)
 
 
-def hub_checkpoint(source: str) -> Checkpoint:
-    """A local save_pretrained directory or a hub id: the weights and their tokenizer live together."""
-    return Checkpoint(source=source, model=source, tokenizer=source, key=source)
+def hub_checkpoint(source: str, location: str) -> Checkpoint:
+    """A local save_pretrained directory or a hub id (`location`): the weights and their tokenizer live
+    together. Its key is the source as the study wrote it, so trial keys do not depend on where it is."""
+    return Checkpoint(source=source, model=location, tokenizer=location, key=source)
 
 
 def load_model(checkpoint: Checkpoint) -> nn.Module:

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from rayb.models.kernels import KernelPath
+from rayb.registry import Registry, UnknownName
+
 if TYPE_CHECKING:
     from rayb.models.accounting import Cost
 
@@ -33,54 +36,74 @@ class Architecture:
     shape: Callable[[int, int], dict[str, Any]] | None = None  # (d_model, n_layer) -> config dict
     aspect: float = 64.0  # the d_model / n_layer ratio size matching prefers (GPT-2 small: 768/12)
     description: str = ""
+    # ("cpu" | "cuda") -> config entries whose best default differs by device and changes the FLOPs or the
+    # numerics (Mamba-2's SSD chunk). They are pinned into every trial's config on the driver, so a GPU
+    # worker trains the model the driver counted, whichever machine the driver runs on.
+    device_defaults: Callable[[str], dict[str, Any]] | None = None
+    # ("cpu" | "cuda") -> the implementation each mixer runs there (models/kernels.py); None: not inspected
+    kernel_paths: Callable[[str], list[KernelPath]] | None = None
 
     def build(self, config: dict[str, Any], vocab_size: int, seq_len: int) -> nn.Module:
         return self.model(self.configure(dict(config), vocab_size, seq_len))
 
+    def pinned(self, device: str) -> dict[str, Any]:
+        return self.device_defaults(device) if self.device_defaults else {}
 
-_REGISTRY: dict[str, Architecture] = {}
+    def kernels(self, device: str) -> list[KernelPath]:
+        if self.kernel_paths is None:
+            return [KernelPath("model", "not inspected (a model without declared kernel paths)")]
+        return self.kernel_paths(device)
+
+
+ARCHITECTURES: Registry[Architecture] = Registry(
+    "architecture",
+    builtins={
+        **dict.fromkeys(("gpt2", "pythia", "llama", "mamba", "mamba2"), "rayb.models.baselines"),
+        "gated_deltanet": "rayb.models.gated_deltanet",
+        "nanogpt": "rayb.models.nanogpt",
+        "rwkv6": "rayb.models.rwkv6",
+    },
+)
 
 
 def register(arch: Architecture) -> Architecture:
-    if arch.name in _REGISTRY:
-        raise ValueError(f"architecture '{arch.name}' is already registered")
-    _REGISTRY[arch.name] = arch
-    return arch
+    return ARCHITECTURES.register(arch.name, arch)
 
 
 def available() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+    return ARCHITECTURES.names()
+
+
+class ModelBuildError(ValueError):
+    """A model that could not be configured or built; the cause (a user's builder's own exception, with
+    its traceback) is chained to it."""
+
+
+def is_import_path(arch: str) -> bool:
+    return ":" in arch
 
 
 def get_arch(arch: str) -> Architecture:
     """A registered architecture, or a user's builder (by import path) wrapped as one."""
-    _load_builtins()
-    if arch in _REGISTRY:
-        return _REGISTRY[arch]
-    if ":" in arch:
-        module_name, _, attr = arch.partition(":")
+    if not is_import_path(arch):
         try:
-            builder = getattr(importlib.import_module(module_name), attr)
-        except Exception as exc:  # ImportError, AttributeError, TypeError (relative), errors in the module
-            raise ValueError(f"cannot import '{arch}': {type(exc).__name__}: {exc}") from None
-        if not callable(builder):
-            raise ValueError(
-                f"'{arch}' is not callable; it must be build(config, vocab_size, seq_len) -> nn.Module"
-            )
-        return Architecture(
-            name=arch,
-            configure=lambda config, vocab_size, seq_len: (config, vocab_size, seq_len),
-            model=lambda args: builder(*args),
+            return ARCHITECTURES.get(arch)
+        except UnknownName as exc:
+            raise UnknownName(f"{exc}, or an import path 'pkg.module:build'") from None
+    module_name, _, attr = arch.partition(":")
+    try:
+        builder = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # ImportError, AttributeError, TypeError (relative), errors in the module
+        raise ModelBuildError(f"cannot import '{arch}': {type(exc).__name__}: {exc}{_origin(exc)}") from exc
+    if not callable(builder):
+        raise ValueError(
+            f"'{arch}' is not callable; it must be build(config, vocab_size, seq_len) -> nn.Module"
         )
-    raise ValueError(
-        f"unknown architecture '{arch}'; available: {', '.join(available())}, "
-        "or an import path 'pkg.module:build'"
+    return Architecture(
+        name=arch,
+        configure=lambda config, vocab_size, seq_len: (config, vocab_size, seq_len),
+        model=lambda args: builder(*args),
     )
-
-
-def check_arch(arch: str) -> None:
-    get_arch(arch)
 
 
 def configure(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int) -> Any:
@@ -88,7 +111,7 @@ def configure(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int) 
     try:
         return spec.configure(dict(config), vocab_size, seq_len)
     except Exception as exc:  # an unknown key, or a shape the architecture rejects (its config's own checks)
-        raise ValueError(f"model '{arch}': bad config {config}: {exc}") from None
+        raise ModelBuildError(f"model '{arch}': bad config {config}: {exc}") from exc
 
 
 def build_model(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int) -> nn.Module:
@@ -97,14 +120,14 @@ def build_model(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int
     try:
         return spec.model(cfg)
     except Exception as exc:  # e.g. a user builder that rejects a keyword or a shape
-        raise ValueError(
-            f"model '{arch}' failed to build from {config}: {type(exc).__name__}: {exc}"
-        ) from None
+        raise ModelBuildError(
+            f"model '{arch}' failed to build from {config}: {type(exc).__name__}: {exc}{_origin(exc)}"
+        ) from exc
 
 
-def _load_builtins() -> None:
-    # Each module registers its architectures on import.
-    import rayb.models.baselines  # noqa: F401
-    import rayb.models.gated_deltanet  # noqa: F401
-    import rayb.models.nanogpt  # noqa: F401
-    import rayb.models.rwkv6  # noqa: F401
+def _origin(exc: BaseException) -> str:
+    """Where an exception was raised (its innermost frame), so a bug in a user's own code is found at once."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" (raised at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""

@@ -8,7 +8,6 @@ instead of showing an empty frame.
 from __future__ import annotations
 
 import io
-import json
 import math
 import re
 from collections.abc import Callable
@@ -242,7 +241,8 @@ def epoch_metrics(selected: pd.DataFrame) -> bytes | None:
 
 
 def _epoch_extras(cell: Any) -> list[dict]:
-    return json.loads(cell) if isinstance(cell, str) and cell else []
+    """A results cell of per-epoch model metrics (a list of {name: value}; absent: none)."""
+    return [] if cell is None else list(cell)
 
 
 def _epoch_curve(rows: pd.DataFrame, values: Callable[[Any], list], column: str) -> pd.DataFrame:

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rayb.train.spec import TrainSpec
+
 TRAIN_DONE = "train_result.json"  # written last by the training loop: its presence means "trained"
 
 
@@ -18,7 +20,7 @@ class TrialSpec:
     model_config: dict[str, Any]
     lr: float
     seed: int
-    train: dict[str, Any]  # TrainSpec as JSON
+    train: TrainSpec
     steps: int
     cache_dir: str
     trial_dir: str
@@ -28,7 +30,12 @@ class TrialSpec:
     init_from: dict[str, Any] | None = None  # a Checkpoint (models/pretrained.py) to start from
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON values, as a trial crosses into Ray (Tune keeps its config as JSON)."""
+        return asdict(self) | {"train": self.train.model_dump(mode="json")}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrialSpec:
+        return cls(**values | {"train": TrainSpec.model_validate(values["train"])})
 
     @property
     def run_name(self) -> str:

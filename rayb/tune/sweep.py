@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rayb.study import digest
+from rayb.files import digest
 from rayb.train.trainer import fit_trial
 from rayb.train.trial import TrialSpec
 
@@ -17,7 +17,7 @@ from rayb.train.trial import TrialSpec
 def _trainable(config: dict) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    fit_trial(TrialSpec(**config["trial"]), callbacks=[TuneReportCallback()])
+    fit_trial(TrialSpec.from_dict(config["trial"]), callbacks=[TuneReportCallback()])
 
 
 def run_trials(trials: list[TrialSpec], storage_path: Path, max_concurrent: int) -> dict[str, str]:

@@ -1,0 +1,96 @@
+"""Which implementation each architecture's mixers run on a device, and what would make a slow one fast.
+
+On a GPU the recurrent architectures are only as fast as their fused kernels: transformers' Mamba and
+Mamba-2 use mamba-ssm and causal-conv1d when they import, rayb's Gated DeltaNet and RWKV-6 use fla's
+Triton kernels; without them each falls back to a correct PyTorch path that is many times slower. That
+would make a GPU comparison of speed (and of what a FLOPs budget buys in wall-clock) say more about a
+machine's packages than about an architecture, so a GPU study checks these paths before it trains (see
+`rayb/train/trainer.py`), and every trial records the paths it took.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+CUDA_EXTRA = "pip install -e '.[cuda]' (mamba-ssm, causal-conv1d, flash-linear-attention)"
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    component: str  # "selective scan", "attention", ...
+    path: str  # the implementation that runs
+    slow: bool = False  # a fallback: correct, but far slower than the kernel the architecture is timed with
+    install: str = ""  # what makes it fast
+
+
+@functools.cache
+def importable(module: str) -> bool:
+    """Whether `module` imports here. Probed only on a GPU device: on a CPU machine importing fla (with
+    triton) makes transformers pick kernels that cannot run."""
+    try:
+        importlib.import_module(module)
+    except Exception:  # ImportError, or a CUDA extension that fails to load
+        return False
+    return True
+
+
+def attention(device: str) -> list[KernelPath]:
+    return [KernelPath("attention", f"PyTorch scaled_dot_product_attention ({device})")]
+
+
+def mamba(device: str) -> list[KernelPath]:
+    if device != "cuda":
+        from rayb.models.mamba_cpu import kernel
+
+        fused = kernel() is not None
+        return [KernelPath("selective scan", "rayb fused CPU scan" if fused else "mambapy parallel scan")]
+    if importable("mamba_ssm") and importable("causal_conv1d"):
+        return [KernelPath("selective scan", "mamba-ssm mamba_inner_fn with causal-conv1d (CUDA)")]
+    return [
+        KernelPath("selective scan", "transformers' PyTorch reference scan", slow=True, install=CUDA_EXTRA)
+    ]
+
+
+def mamba2(device: str) -> list[KernelPath]:
+    if device != "cuda":
+        return [KernelPath("SSD", "rayb grouped chunked SSD (PyTorch, CPU layouts)")]
+    if importable("mamba_ssm") and importable("causal_conv1d"):
+        return [KernelPath("SSD", "mamba-ssm mamba_chunk_scan_combined with causal-conv1d (Triton/CUDA)")]
+    return [KernelPath("SSD", "transformers' PyTorch chunked SSD", slow=True, install=CUDA_EXTRA)]
+
+
+def fla(component: str, kernel: str, fallback: str):
+    """The paths of a mixer that runs fla's `kernel` on CUDA when fla imports, else rayb's `fallback`."""
+
+    def paths(device: str) -> list[KernelPath]:
+        if device != "cuda":
+            return [KernelPath(component, f"{fallback} (PyTorch)")]
+        if importable("fla"):
+            return [KernelPath(component, f"fla {kernel} (Triton)")]
+        return [KernelPath(component, f"{fallback} (PyTorch)", slow=True, install=CUDA_EXTRA)]
+
+    return paths
+
+
+def describe(paths: list[KernelPath]) -> dict[str, str]:
+    """{component: path} as a trial's provenance records it."""
+    return {p.component: p.path + (" [slow fallback]" if p.slow else "") for p in paths}
+
+
+def slow_kernels_message(report: dict[str, list[KernelPath]]) -> str | None:
+    """Why a GPU study should not train as it stands (the slow paths, and what to install), or None."""
+    slow = [(arch, p) for arch, paths in report.items() for p in paths if p.slow]
+    if not slow:
+        return None
+    lines = [f"{arch}: {p.component} would run {p.path}, far slower than its kernel" for arch, p in slow]
+    installs = sorted({p.install for _, p in slow if p.install})
+    return (
+        "on the GPU workers, "
+        + "; ".join(lines)
+        + ". Install "
+        + " and ".join(installs)
+        + " on every GPU node, "
+        "or set train.allow_slow_kernels: true to train on the slow path (speed results then reflect it)"
+    )
