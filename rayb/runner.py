@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import read_result
 from rayb.eval.registry import parse_suite
-from rayb.files import read_json, write_json_atomic
+from rayb.files import read_json, write_atomic, write_json_atomic
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
-from rayb.study import PRETRAINED_ARCH, STUDY_REF, Study, StudyError, load_study
+from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
+from rayb.results import RESULTS_NAME, ResultRow, write_results
+from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -56,12 +59,11 @@ def plan_trials(
     n_trials = len(study.trained_models) * len(study.train.lr) * len(study.seeds)
     threads = max(1, cores // (concurrency(study, n_trials, cores) * study.train.num_workers))
     vocab, data_key = cache.manifest["vocab_size"], cache.manifest["key"]
-    train = study.train.model_dump(mode="json") | {"precision": study.train.dtype}
     trials = []
 
     def trial(model, key, **fields) -> TrialSpec:
         return TrialSpec(
-            key=key, model=model.label, train=train, cache_dir=str(cache.path),
+            key=key, model=model.label, train=study.train, cache_dir=str(cache.path),
             trial_dir=str(out / "trials" / f"{model.label}-{key}"), storage_path=str(out / "ray" / "train"),
             threads=threads, **fields,
         )  # fmt: skip
@@ -75,9 +77,9 @@ def plan_trials(
                                 lr=0.0, seed=seed, steps=0))  # fmt: skip
             continue
         try:
-            config, cost, steps = study.model_steps(model, vocab, where=f"models.{i}")
+            config, cost, steps = study.model_steps(model, vocab)
         except ValueError as exc:  # a size only checkable now that the tokenizer is known
-            raise StudyError(str(exc)) from None
+            raise StudyError(f"models.{i}: {exc}") from None
         for lr in study.train.lr:
             for seed in study.seeds:
                 init = checkpoints[model.init_from][seed] if model.init_from else None
@@ -93,29 +95,28 @@ def resolve_checkpoints(study: Study, out: Path, log) -> dict[str, dict[int, Che
     reference runs that study first (skipping whatever it has finished) and points each seed at MODEL's
     final weights of the same seed there (its first seed where it has no such seed), so a finetuning
     arm's seeds differ in their starting weights as a from-scratch model's differ in initialisation."""
-    sources = sorted({m.pretrained or m.init_from for m in study.models} - {None})
-    return {source: _resolve_checkpoint(source, study.seeds, out, log) for source in sources}
+    refs = {ref.source: ref for m in study.models if (ref := m.checkpoint) is not None}
+    return {source: _resolve_checkpoint(refs[source], study.seeds, out, log) for source in sorted(refs)}
 
 
-def _resolve_checkpoint(source: str, seeds: list[int], out: Path, log) -> dict[int, Checkpoint]:
-    ref = STUDY_REF.match(source)
-    if not ref:
-        return dict.fromkeys(seeds, hub_checkpoint(source))
-    sub = load_study(ref["file"])
-    log(f"{source}: running study {sub.name} first (finished work is skipped)")
+def _resolve_checkpoint(ref: CheckpointRef, seeds: list[int], out: Path, log) -> dict[int, Checkpoint]:
+    if ref.kind != "study":
+        return dict.fromkeys(seeds, hub_checkpoint(ref.source, ref.location))
+    sub = load_study(ref.location)
+    log(f"{ref.source}: running study {sub.name} first (finished work is skipped)")
     outcome = run_study(sub, out, log=lambda msg: log(f"[{sub.name}] {msg}"))
     table = outcome.table
-    done = table[(table.model == ref["model"]) & (table.status == "ok")]
+    done = table[(table.model == ref.model) & (table.status == "ok")]
     resolved = {}
     for seed in seeds:
         rows = done[done.seed == (seed if seed in sub.seeds else sub.seeds[0])]
         if rows.empty:
-            raise StudyError(f"{source}: {ref['model']} did not finish training in study {sub.name}")
+            raise StudyError(f"{ref.source}: {ref.model} did not finish training in study {sub.name}")
         key = rows.sort_values("val_loss").trial_key.iloc[0]  # the best learning rate's weights
         chosen = next(t for t in outcome.trials if t.key == key)
         cache = TokenCache(Path(chosen.cache_dir))
         resolved[seed] = Checkpoint(
-            source, model=str(Path(chosen.trial_dir) / "model"), tokenizer=str(cache.tokenizer_dir), key=key,
+            ref.source, model=str(Path(chosen.trial_dir) / "model"), tokenizer=str(cache.tokenizer_dir), key=key,
             arch=chosen.arch, config=chosen.model_config, vocab_size=cache.manifest["vocab_size"],
             seq_len=cache.seq_len,
         )  # fmt: skip
@@ -176,12 +177,11 @@ def run_study(
     archive_uri: str | None = None,
     eval_only: bool = False,
 ) -> StudyOutcome:
-    """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it."""
+    """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it.
+    Raises StudyError for a study that cannot run or be judged; whatever finished stays on disk."""
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
-    from rayb.eval.actors import evaluate, evaluation_jobs
     from rayb.report.provenance import PROVENANCE_NAME, collect
-    from rayb.report.study_report import RESULTS_NAME, build_report, write_report
     from rayb.tune.sweep import run_trials
 
     began = time.perf_counter()
@@ -214,30 +214,61 @@ def run_study(
             f"--eval-only: {len(pending)} of {len(trials)} trials have no finished training ({names}); "
             "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
         )
+    if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
+        check_kernels(sorted({t.arch for t in pending}))
     log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
     if pending:
         errors |= run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores))
+    try:
+        outcome = _evaluate_and_report(study, trials, errors, study_dir, provenance, cores, log)
+    except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
+        raise _after_training_error(exc, study_dir) from exc
+    outcome.archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
+    outcome.trained, outcome.wall_s = len(pending), time.perf_counter() - began
+    return outcome
+
+
+def check_kernels(archs: list[str]) -> None:
+    """A GPU study stops before training where an architecture would run a slow fallback kernel."""
+    from rayb.models.kernels import slow_kernels_message
+    from rayb.train.trainer import probe_kernels
+
+    if message := slow_kernels_message(probe_kernels(archs)):
+        raise StudyError(message)
+
+
+def _evaluate_and_report(study, trials, errors, study_dir, provenance, cores, log) -> StudyOutcome:
+    from rayb.eval.actors import evaluate, evaluation_jobs
+    from rayb.report.study_report import build_report, write_report
 
     trained = [
         t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"
     ]
-    jobs = evaluation_jobs(trained, study.eval, study.eval_options)
+    jobs = evaluation_jobs(trained, study.eval, study.eval_options, study.base_dir)
     log(f"evaluating: {len(jobs)} (checkpoint × suite) jobs on eval actors ...")
-    eval_errors = evaluate(
-        jobs, num_actors=max(1, cores), gpus_per_actor=0.25 if study.train.use_gpu else 0.0, log=log
-    )
-
-    table = results_table(study, trials, errors)
-    table.to_parquet(study_dir / RESULTS_NAME, index=False)
+    eval_errors = evaluate(jobs, num_actors=max(1, cores), use_gpu=study.train.use_gpu, log=log)
+    table = write_results(result_rows(study, trials, errors), study_dir / RESULTS_NAME)
     report = build_report(table, provenance)
     files = write_report(report, study_dir) | {"table": study_dir / RESULTS_NAME}
-    archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
     return StudyOutcome(
-        study_dir, table, report, files, trained=len(pending), evaluated=len(jobs),
-        wall_s=time.perf_counter() - began, errors=errors, trials=trials,
-        eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
-        archive_error=archive_error,
+        study_dir, table, report, files, trained=0, evaluated=len(jobs), wall_s=0.0, errors=errors,
+        trials=trials, eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
     )  # fmt: skip
+
+
+ERROR_LOG = "error.txt"
+
+
+def _after_training_error(exc: Exception, study_dir: Path) -> StudyFailed:
+    """A failure once training is over, as a study error: its message, where its traceback was written,
+    and that the finished work is kept (a rerun redoes none of it)."""
+    write_atomic(study_dir / ERROR_LOG, "".join(traceback.format_exception(exc)).encode())
+    kept = [name for name in ("results.parquet",) if (study_dir / name).exists()]
+    return StudyFailed(
+        f"{type(exc).__name__}: {exc}. Every trained model and finished evaluation is kept"
+        + (f", and the results table is at {study_dir / kept[0]}" if kept else "")
+        + f"; the traceback is in {study_dir / ERROR_LOG}. Fix the cause and run again: nothing finished is redone."
+    )
 
 
 def _archive(out: Path, study_dir: Path, trials: list[TrialSpec], uri: str, log) -> str | None:
@@ -252,9 +283,9 @@ def _archive(out: Path, study_dir: Path, trials: list[TrialSpec], uri: str, log)
     return None
 
 
-def results_table(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -> pd.DataFrame:
+def result_rows(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -> list[ResultRow]:
     """One row per trial, built from the trials' own files (so it can be rebuilt at any time)."""
-    return pd.DataFrame([_row(study, t, errors.get(t.key)) for t in trials])
+    return [_row(study, t, errors.get(t.key)) for t in trials]
 
 
 def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -268,7 +299,7 @@ def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[s
             errors[suite] = result.get("error", "not evaluated")
             continue
         metrics = dict(result["metrics"])
-        if suite == "lm":  # the study's own held-out data: the primary metric of every comparison
+        if suite == PRIMARY_SUITE:  # the study's own held-out data: the primary metric of every comparison
             columns |= {f"extra.{name}": value for name, value in metrics.pop("extra", {}).items()}
             columns |= {name: metrics[name] for name in ("val_loss", "val_ppl", "val_bpb")}
         else:
@@ -277,32 +308,29 @@ def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[s
     return columns, errors
 
 
-def _row(study: Study, trial: TrialSpec, error: str | None) -> dict[str, Any]:
+def _row(study: Study, trial: TrialSpec, error: str | None) -> ResultRow:
     trial_dir = Path(trial.trial_dir)
     train = read_json(trial_dir / TRAIN_DONE)
     evaluation, eval_errors = _eval_columns(study, trial_dir)
-    metrics = read_metrics(trial_dir / METRICS)
-    curve = [r for r in metrics if r["kind"] == "train"]
-    val_curve = [r for r in metrics if r["kind"] == "val"]
-    epochs = [r for r in metrics if r["kind"] == "epoch"]
+    log = read_metrics(trial_dir / METRICS)
+    curve, val_curve, epochs = ([r for r in log if r["kind"] == kind] for kind in ("train", "val", "epoch"))
     status = train.get("status", "error")
-    if status == "ok" and "lm" in eval_errors:
-        status, error = "error", error or f"lm: {eval_errors['lm']}"
-    nan = math.nan
-    return evaluation | {
-        "study": study.name, "model": trial.model, "arch": trial.arch, "lr": trial.lr, "seed": trial.seed,
-        "trial_key": trial.key, "status": status, "error": error or "", "pretrained": train.get("pretrained", ""),
-        "eval_errors": json.dumps(eval_errors) if status == "ok" else "{}",
-        "params_total": train.get("params_total", 0), "params_non_embedding": train.get("params_non_embedding", 0),
-        "train_tokens": train.get("train_tokens", 0), "steps": train.get("steps", 0),
-        "train_flops": train.get("train_flops", nan), "train_flops_per_token": trial.train_flops_per_token,
-        "final_train_loss": train.get("final_train_loss", nan),
-        "val_loss": evaluation.get("val_loss", nan), "val_ppl": evaluation.get("val_ppl", nan),
-        "val_bpb": evaluation.get("val_bpb", nan),
-        "wall_s": train.get("wall_s", nan), "tokens_per_s": train.get("tokens_per_s", nan),
-        "checkpoint": str(trial_dir / "model"),
-        "config": json.dumps({"model": trial.model_config, "train": trial.train, "steps": trial.steps}),
-        "curve_step": [r["step"] for r in curve], "curve_train_loss": [r["loss"] for r in curve],
-        "curve_val_step": [r["step"] for r in val_curve], "curve_val_loss": [r["val_loss"] for r in val_curve],
-        "epoch_val_loss": [r["val_loss"] for r in epochs], "epoch_extra": json.dumps([r.get("extra", {}) for r in epochs]),
-    }  # fmt: skip
+    if status == "ok" and PRIMARY_SUITE in eval_errors:
+        status, error = "error", error or f"{PRIMARY_SUITE}: {eval_errors[PRIMARY_SUITE]}"
+    core = {name: evaluation.pop(name) for name in ("val_loss", "val_ppl", "val_bpb") if name in evaluation}
+    return ResultRow(
+        study=study.name, model=trial.model, arch=trial.arch, lr=trial.lr, seed=trial.seed, trial_key=trial.key,
+        status=status, error=error or "", pretrained=train.get("pretrained", ""),
+        eval_errors=eval_errors if status == "ok" else {},
+        params_total=train.get("params_total", 0), params_non_embedding=train.get("params_non_embedding", 0),
+        train_tokens=train.get("train_tokens", 0), steps=train.get("steps", 0),
+        train_flops=train.get("train_flops", math.nan), train_flops_per_token=trial.train_flops_per_token,
+        final_train_loss=train.get("final_train_loss", math.nan), **core,
+        wall_s=train.get("wall_s", math.nan), tokens_per_s=train.get("tokens_per_s", math.nan),
+        checkpoint=str(trial_dir / "model"), model_config=json.dumps(trial.model_config), train=trial.train,
+        precision=train.get("precision", ""), kernels=train.get("kernels", {}),
+        curve_step=[r["step"] for r in curve], curve_train_loss=[r["loss"] for r in curve],
+        curve_val_step=[r["step"] for r in val_curve], curve_val_loss=[r["val_loss"] for r in val_curve],
+        epoch_val_loss=[r["val_loss"] for r in epochs], epoch_extra=[r.get("extra", {}) for r in epochs],
+        metrics=evaluation,
+    )  # fmt: skip

@@ -56,6 +56,18 @@ def restart_points(metrics_log: Path) -> list[int]:
     return [b for a, b in zip(steps, steps[1:], strict=False) if b <= a]
 
 
+def pytest_collection_modifyitems(config, items):
+    """GPU tests (marked `gpu`, all of tests/gpu/) skip cleanly where there is no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (on a GPU machine: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import torch
 from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
 
 from rayb.data.cache import row_digest
@@ -24,26 +25,31 @@ from rayb.train.trial import TRAIN_DONE, read_metrics
 pytestmark = pytest.mark.ray
 
 
-def _train(tiny_cache, out: Path, arch_index: int, num_workers: int, optimizer: str = "adamw"):
+def _train(tiny_cache, out: Path, arch_index: int, num_workers: int, loop=None, **train):
     raw = tiny_study_dict(seeds=[0])
-    raw["train"] |= {"num_workers": num_workers, "optimizer": optimizer}
+    raw["train"] |= {"num_workers": num_workers, **train}
     study = parse_study(raw)
     trial = next(
         t for t in plan_trials(study, tiny_cache, out, cores=2) if t.arch == study.models[arch_index].arch
     )
-    fit_trial(trial)
+    fit_trial(trial, **({"loop": loop} if loop else {}))
     return study, Path(trial.trial_dir)
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_cache, tmp_path_factory):
+    from strict_collectives import strict_train_loop
+
     out = tmp_path_factory.mktemp("train")
     return {
         ("gpt2", 1): _train(tiny_cache, out / "w1", 0, 1),
-        ("gpt2", 2): _train(tiny_cache, out / "w2", 0, 2),
+        # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node.
+        ("gpt2", 2): _train(tiny_cache, out / "w2", 0, 2, loop=strict_train_loop),
         ("mamba", 1): _train(tiny_cache, out / "w1", 1, 1),
         # ADOPT-atan2 through DeepSpeed's ZeRO-1 wrapper (a client optimizer, not DeepSpeed's own Adam)
         ("gpt2-adopt_atan2", 1): _train(tiny_cache, out / "adopt", 0, 1, optimizer="adopt_atan2"),
+        # Mixed precision runs on a CPU too: autocast to bfloat16, fp32 parameters and optimizer state.
+        ("gpt2-bf16", 1): _train(tiny_cache, out / "bf16", 0, 1, precision="bf16"),
     }
 
 
@@ -76,6 +82,33 @@ def test_training_learns_and_logs(runs, tiny_cache):
         assert result["train_tokens"] == study.steps * study.train.global_batch * tiny_cache.seq_len
         assert (trial_dir / "model" / "model.safetensors").exists()
         assert (trial_dir / "model" / "config.json").exists()
+
+
+def test_rayb_sends_collectives_only_where_the_backend_takes_them(runs):
+    """The two-worker run's default group refused every CPU tensor rayb sent it (strict_collectives.py):
+    the run still finished, every host-side number having gone over the gloo group beside it."""
+    _, trial_dir = runs[("gpt2", 2)]
+    assert json.loads((trial_dir / TRAIN_DONE).read_text())["status"] == "ok"
+
+
+def test_bf16_trains_like_fp32_from_the_same_start(runs):
+    fp32 = [r["loss"] for r in read_metrics(runs[("gpt2", 1)][1] / METRICS) if r["kind"] == "train"]
+    bf16 = [r["loss"] for r in read_metrics(runs[("gpt2-bf16", 1)][1] / METRICS) if r["kind"] == "train"]
+    assert abs(bf16[0] - fp32[0]) < 1e-2  # step 1: the same weights and batch, rounded activations
+    assert bf16[0] != fp32[0]  # and the forward really ran in bfloat16
+    assert bf16[-1] < bf16[0] - 0.5
+    from safetensors.torch import load_file
+
+    weights = load_file(str(runs[("gpt2-bf16", 1)][1] / "model" / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # parameters stay fp32
+
+
+def test_every_trial_records_its_precision_and_kernel_paths(runs):
+    results = {key: json.loads((trial_dir / TRAIN_DONE).read_text()) for key, (_, trial_dir) in runs.items()}
+    assert results[("gpt2", 1)]["precision"] == "fp32" and results[("gpt2-bf16", 1)]["precision"] == "bf16"
+    assert results[("gpt2", 1)]["kernels"] == {"attention": "PyTorch scaled_dot_product_attention (cpu)"}
+    assert results[("mamba", 1)]["kernels"] == {"selective scan": "rayb fused CPU scan"}
+    assert all(r["device"] == "cpu" for r in results.values())
 
 
 def test_one_and_two_workers_train_the_same_model(runs):

@@ -9,8 +9,6 @@ finished results are never recomputed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import traceback
 from collections.abc import Callable
@@ -18,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayb.eval.registry import make_options, parse_suite, result_name
-from rayb.files import read_json, write_json_atomic
+from rayb.eval.registry import check_suite_argument, make_options, parse_suite, result_name
+from rayb.files import digest, read_json, write_json_atomic
 from rayb.train.trial import TrialSpec
 
 EVAL_DIR = "eval"
@@ -28,8 +26,9 @@ EVAL_DIR = "eval"
 @dataclass(frozen=True)
 class EvalJob:
     trial: TrialSpec
-    suite: str  # "lm", "lm:wikitext2", "lm_eval:hellaswag", ...
+    suite: str  # "lm", "lm:wikitext2", "lm_eval:hellaswag", ... as the study names it (and its results)
     options: dict[str, Any]  # the study's eval_options for this suite's family
+    argument: str | None = None  # the suite's argument, a relative path made absolute
 
     @property
     def out(self) -> Path:
@@ -39,9 +38,9 @@ class EvalJob:
 def result_path(trial_dir: Path, suite: str, options: dict[str, Any]) -> Path:
     """Keyed by suite, benchmark version and options, so a changed protocol never reuses old numbers."""
     benchmark, _ = parse_suite(suite)
-    key = json.dumps([benchmark.version, options], sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return trial_dir / EVAL_DIR / f"{result_name(suite)}-{digest}.json"
+    return (
+        trial_dir / EVAL_DIR / f"{result_name(suite)}-{digest([benchmark.version, options], length=8)}.json"
+    )
 
 
 def read_result(trial_dir: Path, suite: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +58,7 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     from rayb.data.cache import TokenCache
     from rayb.eval.registry import EvalContext
 
-    benchmark, argument = parse_suite(job.suite)
+    benchmark, _ = parse_suite(job.suite)
     result = {
         "suite": job.suite,
         "benchmark": benchmark.name,
@@ -77,7 +76,7 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
         ctx = EvalContext(
             model, tokenizer, cache, job.trial.seed, fresh_model=fresh, study_tokens=study_tokens
         )
-        metrics = benchmark.run(ctx, argument, make_options(benchmark, job.options))
+        metrics = benchmark.run(ctx, job.argument, make_options(benchmark, job.options))
         result |= {"status": "ok", "metrics": metrics}
     except Exception as exc:  # recorded per job; one broken benchmark must not stop the rest
         result |= {
@@ -98,7 +97,7 @@ def _load(trial: TrialSpec, cache):
     from rayb.models import build_model
     from rayb.models.checkpoint import load_trained
     from rayb.models.pretrained import Checkpoint, fresh_model, load_model
-    from rayb.study import PRETRAINED_ARCH
+    from rayb.models.spec import PRETRAINED_ARCH
 
     if trial.arch == PRETRAINED_ARCH:
         checkpoint = Checkpoint(**trial.model_config["checkpoint"])
@@ -111,33 +110,59 @@ def _load(trial: TrialSpec, cache):
     return model, load_tokenizer(cache.tokenizer_dir), fresh, True
 
 
-def evaluation_jobs(trials: list[TrialSpec], suites: list[str], options: dict[str, dict]) -> list[EvalJob]:
-    """Every (trial × suite) without a finished result."""
-    jobs = [EvalJob(t, s, options.get(parse_suite(s)[0].name, {})) for t in trials for s in suites]
+def evaluation_jobs(
+    trials: list[TrialSpec], suites: list[str], options: dict[str, dict], base_dir: Path | None = None
+) -> list[EvalJob]:
+    """Every (trial × suite) without a finished result; relative paths in arguments read from `base_dir`."""
+    jobs = [
+        EvalJob(t, s, options.get(parse_suite(s)[0].name, {}), check_suite_argument(s, base_dir))
+        for t in trials
+        for s in suites
+    ]
     return [job for job in jobs if not is_done(job)]
 
 
+SHARED_GPU = 0.25  # a GPU fraction per eval actor: most suites are light enough to share a device
+
+
+def gpus_for(job: EvalJob, use_gpu: bool) -> float:
+    """A suite that times or measures the device (speed) runs alone on a whole GPU; others share one."""
+    if not use_gpu:
+        return 0.0
+    return 1.0 if parse_suite(job.suite)[0].exclusive_device else SHARED_GPU
+
+
 def evaluate(
-    jobs: list[EvalJob], num_actors: int, threads: int = 1, gpus_per_actor: float = 0.0,
+    jobs: list[EvalJob], num_actors: int, use_gpu: bool = False, threads: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict[tuple[str, str], str]:  # fmt: skip
-    """Run the jobs on a pool of eval actors; return {(trial key, suite): error} for the failures."""
+    """Run the jobs on eval actors, up to `num_actors` of each GPU share; return {(trial key, suite): error}
+    for the failures."""
     import ray
-    from ray.util import ActorPool
 
-    if not jobs:
-        return {}
-    actor = ray.remote(num_cpus=threads, num_gpus=gpus_per_actor)(_EvalActor)
-    pool = ActorPool([actor.remote(threads) for _ in range(min(num_actors, len(jobs)))])
+    queues: dict[float, list[EvalJob]] = {}
     for job in jobs:
-        pool.submit(lambda a, j: a.run.remote(j), job)
+        queues.setdefault(gpus_for(job, use_gpu), []).append(job)
+    actor = ray.remote(_EvalActor)
+    running = {}
+
+    def give_work(handle, gpus: float) -> None:
+        if queues[gpus]:
+            running[handle.run.remote(queues[gpus].pop(0))] = (handle, gpus)
+
+    for gpus, queue in queues.items():
+        for _ in range(min(num_actors, len(queue))):
+            give_work(actor.options(num_cpus=threads, num_gpus=gpus).remote(threads), gpus)
     errors = {}
     for done in range(1, len(jobs) + 1):
-        key, suite, result = pool.get_next_unordered()
+        [ref], _ = ray.wait(list(running), num_returns=1)
+        handle, gpus = running.pop(ref)
+        key, suite, result = ray.get(ref)
         status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
         log(f"  eval {done}/{len(jobs)}: {key} × {suite} in {result['wall_s']:.1f}s: {status}")
         if result["status"] != "ok":
             errors[(key, suite)] = result["error"]
+        give_work(handle, gpus)
     return errors
 
 

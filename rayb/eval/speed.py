@@ -170,5 +170,6 @@ register_benchmark(
     Benchmark(
         "speed", 1, run_speed, SpeedOptions,
         "prefill time, generation tokens/s, peak memory, and their growth with context length",
+        exclusive_device=True,  # timings and peak memory are the model's alone, not a shared GPU's
     )
 )  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rayb.models import nanogpt
+from rayb.models import kernels, nanogpt
 from rayb.models.accounting import Cost
 from rayb.models.common import attention_heads, swiglu_width
 from rayb.models.registry import Architecture, register
@@ -187,12 +187,16 @@ def mamba2_config(config: dict[str, Any], vocab_size: int, seq_len: int):
         num_heads=expand * d_model // head_dim,
         n_groups=config.pop("n_groups", 1),
         conv_kernel=config.pop("d_conv", 4),
-        # The SSD chunk: 256 suits the CUDA kernel; PyTorch's chunked path on CPU is ~1.6× faster at 64
-        # (its intra-chunk work grows with the chunk). The function computed is the same either way.
-        chunk_size=config.pop("chunk_size", 256 if torch.cuda.is_available() else 64),
+        chunk_size=config.pop("chunk_size", mamba2_device_defaults("cpu")["chunk_size"]),
         tie_word_embeddings=config.pop("tie_word_embeddings", True),
         **config,
     )
+
+
+def mamba2_device_defaults(device: str) -> dict[str, Any]:
+    # The SSD chunk: 256 suits the CUDA kernel; PyTorch's chunked path on CPU is ~1.6× faster at 64 (its
+    # intra-chunk work grows with the chunk). The function is the same either way; FLOPs and rounding are not.
+    return {"chunk_size": 256 if device == "cuda" else 64}
 
 
 def mamba2_cost(cfg, seq_len: int) -> Cost:
@@ -222,15 +226,19 @@ def _mamba2_shape(d_model: int, n_layer: int) -> dict[str, Any]:
 
 for _arch in (
     Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape,
-                 description="GPT-2 (transformers GPT2LMHeadModel)"),
+                 description="GPT-2 (transformers GPT2LMHeadModel)", kernel_paths=kernels.attention),
     Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape,
-                 description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary"),
+                 description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary",
+                 kernel_paths=kernels.attention),
     Architecture("llama", llama_config, _hf_model, llama_cost, _attention_shape,
-                 description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU"),
+                 description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU",
+                 kernel_paths=kernels.attention),
     Architecture("mamba", mamba_config, mamba_model, mamba_cost,
                  lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0,
-                 description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)"),
+                 description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)",
+                 kernel_paths=kernels.mamba),
     Architecture("mamba2", mamba2_config, mamba_model, mamba2_cost, _mamba2_shape, aspect=32.0,
-                 description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)"),
+                 description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)",
+                 device_defaults=mamba2_device_defaults, kernel_paths=kernels.mamba2),
 ):  # fmt: skip
     register(_arch)

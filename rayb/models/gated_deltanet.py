@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import register_flop_formula
 
+from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, SwiGLU, init_normal, swiglu_width
 from rayb.models.registry import Architecture, register
@@ -284,5 +285,6 @@ register(
         shape=shape,
         aspect=64.0,
         description="Gated DeltaNet (fla parameterization); pure-PyTorch chunked on CPU, fla kernels on GPU",
+        kernel_paths=kernels.fla("delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule"),
     )
 )

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, attention_heads, init_normal
 from rayb.models.registry import Architecture, register
@@ -147,5 +148,6 @@ register(
         cost=cost,
         shape=shape,
         description="GPT-2 in nanoGPT's form: optional biases (bias) and untied head (tie_embeddings)",
+        kernel_paths=kernels.attention,
     )
 )

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, init_normal, round_up
 from rayb.models.registry import Architecture, register
@@ -296,5 +297,6 @@ register(
         shape=shape,
         aspect=64.0,
         description="RWKV-6 Finch; pure-PyTorch chunked on CPU, fla kernels on GPU",
+        kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV"),
     )
 )
