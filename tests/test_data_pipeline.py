@@ -25,7 +25,10 @@ def test_cache_shape_and_mix(tiny_cache):
     assert m["sources"]["edu"]["train_rows"] == round(0.6 * spec.train_rows)
     assert m["sources"]["edu"]["train_rows"] + m["sources"]["web"]["train_rows"] == spec.train_rows
     assert 0 < m["unigram_entropy_nats"] < np.log(m["vocab_size"])
-    assert tiny_cache.val_bytes.shape == (spec.val_rows,) and tiny_cache.val_bytes.min() > 0
+    assert (
+        tiny_cache.held_out.scored_bytes.shape == (spec.val_rows,)
+        and tiny_cache.held_out.scored_bytes.min() > 0
+    )
 
 
 def test_rows_are_real_text_with_document_separators(tiny_cache):
@@ -92,3 +95,27 @@ def test_corrupt_shard_and_missing_column_are_named(ray_session, tmp_path):
     with pytest.raises(BadShard, match=r"part-0\.parquet has no text column 'body'; its columns: \['text'\]"):
         prepare_data(parse_study(raw).data, tmp_path / "out")
     assert not (tmp_path / "out" / "data").exists()  # nothing half-written
+
+
+def test_a_cache_from_before_the_held_out_record_gets_one_and_it_must_match(tiny_cache, tmp_path):
+    """Caches built before rayb kept the validation rows' text get it when they are next used, rebuilt
+    from the sources; a record that would not reproduce val.bin token for token is refused."""
+    import shutil
+
+    from rayb.data.held_out import HELD_OUT_DIR
+
+    root = tmp_path / "cache"
+    shutil.copytree(tiny_cache.path.parent.parent, root)
+    copy = root / "data" / tiny_cache.path.name
+    shutil.rmtree(copy / HELD_OUT_DIR)
+    spec = parse_study(tiny_study_dict()).data
+    rebuilt = prepare_data(spec, root).held_out
+    original = tiny_cache.held_out
+    assert rebuilt.rows == original.rows and (rebuilt.scored_bytes == original.scored_bytes).all()
+    shutil.rmtree(copy / HELD_OUT_DIR)
+    val = np.memmap(copy / "val.bin", dtype=tiny_cache.manifest["dtype"], mode="r+")
+    val[5] += 1  # the cache no longer holds what the sources pack into
+    val.flush()
+    with pytest.raises(ValueError, match="differ from the cache's val.bin"):
+        prepare_data(spec, root)
+    assert not (copy / HELD_OUT_DIR).exists()

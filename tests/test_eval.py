@@ -17,7 +17,7 @@ from rayb.eval.lm import LMOptions, run_lm
 from rayb.eval.long_context import LongContextOptions, run_long_context
 from rayb.eval.probes import ProbeOptions, persistence, run_statefulness
 from rayb.eval.recall import RecallOptions, mqar_accuracy, run_recall
-from rayb.eval.registry import EvalContext, make_options, parse_suite
+from rayb.eval.registry import EvalContext, check_suite_argument, make_options, parse_suite
 from rayb.eval.scoring import sliding_window_nll
 from rayb.eval.speed import PeakMemory, SpeedOptions, growth_exponent, run_speed
 from rayb.models import build_model
@@ -53,6 +53,31 @@ def test_rayb_perplexity_agrees_with_lm_eval_loglikelihood_rolling(tiny_cache, t
     assert abs(-theirs - ours) / count < 1e-4 and math.isclose(-theirs, ours, rel_tol=1e-4)
 
 
+def test_a_model_scores_the_same_bits_per_byte_through_the_reference_path(tiny_cache, tokenizer):
+    """A pretrained reference reads the held-out rows as text in its own tokens; a trained model reads them
+    in study tokens. Given the study's tokenizer, the reference path must score exactly the same tokens
+    over the same bytes: the comparison favours neither."""
+    from rayb.eval.lm import own_token_rows
+
+    model = tiny("llama", tiny_cache)
+    own = run_lm(context(model, tiny_cache, tokenizer), None, LMOptions())
+    as_reference = run_lm(EvalContext(model, tokenizer, tiny_cache, study_tokens=False), None, LMOptions())
+    assert math.isclose(own["val_bpb"], as_reference["val_bpb"], rel_tol=1e-6)
+    assert as_reference["val_tokens"] == own["val_tokens"]  # positions 1..T-1 of every row
+    rows = own_token_rows(tokenizer, tiny_cache.held_out)
+    assert [ids for ids, _ in rows] == tiny_cache.val.tolist() and {first for _, first in rows} == {1}
+
+
+def test_the_held_out_record_is_the_text_behind_every_validation_row(tiny_cache, tokenizer):
+    held = tiny_cache.held_out
+    assert len(held.rows) == len(tiny_cache.val) and (held.scored_bytes > 0).all()
+    for row, items, end in zip(tiny_cache.val, held.rows, held.context_end, strict=True):
+        text = "".join(held.documents[d][s:e] for d, s, e in items if d >= 0)
+        scored = tokenizer.decode([t for t in row[1:] if t != tokenizer.eos_token_id])
+        assert text.endswith(scored)  # the scored tokens are the text after the first token's
+        assert (items[0][0] < 0) == (end < 0)  # no context span when the row opens with end-of-text
+
+
 def test_sliding_window_on_a_corpus_file(tiny_cache, tokenizer, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(generate_document("edu", 7, i) for i in range(3)))
@@ -64,8 +89,8 @@ def test_sliding_window_on_a_corpus_file(tiny_cache, tokenizer, tmp_path):
     assert wide["bpb"] == pytest.approx(wide["loss"] * tokens / math.log(2) / len(corpus.read_bytes()))
     disjoint = run_lm(ctx, str(corpus), LMOptions(window=32, stride=32))
     assert disjoint["loss"] != wide["loss"]  # the stride changes what context each token gets
-    with pytest.raises(ValueError, match="unknown corpus"):
-        parse_suite("lm:no-such-corpus")
+    with pytest.raises(ValueError, match="unknown evaluation corpus 'no-such-corpus'"):
+        check_suite_argument("lm:no-such-corpus")
 
 
 def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer):
@@ -186,7 +211,7 @@ def test_suite_and_option_errors_name_the_problem():
         parse_suite("lm_eval")
     with pytest.raises(ValueError, match="takes no argument"):
         parse_suite("speed:fast")
-    with pytest.raises(ValueError, match="does not exist"):
-        parse_suite("lm:/no/such/file.txt")
+    with pytest.raises(ValueError, match="does not exist"):  # checked when a study is resolved (disk)
+        check_suite_argument("lm:/no/such/file.txt")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['repeat'\]"):
         make_options(parse_suite("speed")[0], {"repeat": 3})

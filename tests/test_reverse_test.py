@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from rayb.data import held_out
 from rayb.data.cache import TokenCache, micro_batch_rows, row_digest
 from rayb.eval.lm import evaluate_lm
 from rayb.train.loop import param_groups as rayb_param_groups
@@ -102,7 +103,15 @@ def _write_cache(path: Path, train: np.ndarray, val: np.ndarray) -> Path:
     (path / "manifest.json").write_text(json.dumps(manifest))
     train.astype(np.uint16).tofile(path / "train.bin")
     val.astype(np.uint16).tofile(path / "val.bin")
-    np.save(path / "val_bytes.npy", np.full((len(val), train.shape[1] - 1), 3, dtype=np.int64))
+    # bits per byte's denominator: 3 bytes per scored token (rows of one document each)
+    rows = [[(i, 0, 3 * train.shape[1])] for i in range(len(val))]
+    record = held_out.HeldOut(
+        ["x" * 3 * train.shape[1]] * len(val),
+        rows,
+        np.full(len(val), 3),
+        np.full(len(val), 3 * (train.shape[1] - 1)),
+    )
+    held_out.write(record, path / held_out.HELD_OUT_DIR)
     return path
 
 

@@ -4,7 +4,7 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
     manifest.json   seq_len, rows, dtype, tokenizer, per-source counts, unigram entropy
     train.bin       (train_rows, seq_len) tokens in their final, shuffled, mixed order
     val.bin         (val_rows, seq_len) held-out tokens
-    val_bytes.npy   UTF-8 bytes of the scored tokens (positions 1..T-1) of each validation row
+    held_out/       the text behind the validation rows, and the UTF-8 bytes each row scores (held_out.py)
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
@@ -20,6 +20,9 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+
+from rayb.data.held_out import HeldOut
+from rayb.data.held_out import read as read_held_out
 
 MANIFEST = "manifest.json"
 
@@ -49,8 +52,8 @@ class TokenCache:
         return self._open("val")
 
     @cached_property
-    def val_bytes(self) -> np.ndarray:
-        return np.load(Path(self.path) / "val_bytes.npy")
+    def held_out(self) -> HeldOut:
+        return read_held_out(Path(self.path))
 
     def _open(self, split: str) -> np.ndarray:
         rows = self.manifest[f"{split}_rows"]
@@ -63,13 +66,21 @@ class TokenCache:
 
     def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
         """Rows of optimizer step `step` that worker `rank` trains on in its `micro`-th micro-step."""
-        batch = epoch_batch(step, self.manifest["train_rows"] // global_batch, self.data_seed)
+        batch = epoch_batch(step, self.batches_per_epoch(global_batch), self.data_seed)
         return self.train[micro_batch_rows(batch, micro, rank, world, global_batch, micro_batch)]
+
+    def batches_per_epoch(self, global_batch: int) -> int:
+        return batches_per_epoch(self.manifest["train_rows"], global_batch)
 
     @property
     def data_seed(self) -> int:
         """Seeds later epochs' batch order: a function of the data alone, so every model shares it."""
         return int(self.manifest["key"][:8], 16)
+
+
+def batches_per_epoch(train_rows: int, global_batch: int) -> int:
+    """Whole global batches in one pass over the training rows (an incomplete last batch is not trained on)."""
+    return train_rows // global_batch
 
 
 def micro_batch_rows(step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):

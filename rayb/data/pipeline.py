@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,11 +23,14 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
+from rayb.data import held_out
 from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
+from rayb.data.held_out import HELD_OUT_DIR
 from rayb.data.packing import Packer, split_rows
 from rayb.data.sources import ResolvedSource, resolve
+from rayb.data.spec import DataSpec
 from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
-from rayb.study import DataSpec, digest
+from rayb.files import atomic_directory, digest
 
 CACHE_FORMAT_VERSION = 1
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
@@ -47,34 +48,33 @@ class BadShard(ValueError):
 def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
     """Build (or reuse) the packed-token cache for a data spec; return it."""
     cache_root = Path(cache_root).resolve()
-    resolved = {s.name: resolve(s.uri, cache_root) for s in spec.sources}
+    resolved = {s.name: resolve(s.location, cache_root) for s in spec.sources}
     key = data_key(spec, resolved)
     out = cache_root / "data" / key
     if (out / MANIFEST).exists():
+        if not (out / HELD_OUT_DIR).exists():  # a cache from before rayb kept the held-out text
+            with atomic_directory(out / HELD_OUT_DIR) as scratch:
+                held_out.write(_held_out(spec, resolved, TokenCache(out)), scratch.path)
         return TokenCache(out)
 
     started = time.perf_counter()
     for source in spec.sources:
         check_shards(resolved[source.name], source.text_column)
     tokenizer_dir = _tokenizer(spec, resolved, cache_root)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{key}-"))
-    try:
-        shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-        manifest = _write_rows(spec, resolved, tmp)
+    with atomic_directory(out) as scratch:
+        shutil.copytree(tokenizer_dir, scratch.path / "tokenizer")
+        manifest = _write_rows(spec, resolved, scratch.path)
         manifest.update(
             key=key, tokenizer_source=spec.tokenizer, build_s=round(time.perf_counter() - started, 2)
         )
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        held_out.write(_held_out(spec, resolved, TokenCache(scratch.path)), scratch.path / HELD_OUT_DIR)
     return TokenCache(out)
 
 
 def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:
     content = {name: r.fingerprint for name, r in resolved.items()}
-    return digest({"spec": spec.model_dump(mode="json"), "content": content, "format": CACHE_FORMAT_VERSION})
+    return digest({"spec": spec.hashed(), "content": content, "format": CACHE_FORMAT_VERSION})
 
 
 def check_shards(source: ResolvedSource, column: str) -> None:
@@ -113,7 +113,7 @@ def _tokenizer(spec: DataSpec, resolved: dict[str, ResolvedSource], cache_root: 
     sources = {s.name: resolved[s.name].fingerprint for s in spec.sources}
     out = cache_root / "tokenizers" / digest({"tokenizer": spec.tokenizer, "sources": sources})
     if spec.trained_vocab is None:
-        return ensure_pretrained(spec.tokenizer, out)
+        return ensure_pretrained(spec.tokenizer_location, out)
     texts = (
         text
         for s in spec.sources
@@ -123,16 +123,30 @@ def _tokenizer(spec: DataSpec, resolved: dict[str, ResolvedSource], cache_root: 
 
 
 def _sample_texts(source: ResolvedSource, column: str, max_chars: int):
-    """The first documents of a source, in order, up to max_chars (plain pyarrow: no Ray needed)."""
-    dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
+    """The first non-empty documents of a source, in order, up to max_chars."""
     seen = 0
+    for text in _documents(source, column):
+        if text:
+            yield text
+            seen += len(text)
+            if seen >= max_chars:
+                return
+
+
+def _documents(source: ResolvedSource, column: str):
+    """Every document of a source, in the order packing reads them (plain pyarrow: no Ray needed)."""
+    dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
     for batch in dataset.to_batches(columns={"text": pc.field(*column.split("."))}, batch_size=512):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield text
-                seen += len(text)
-                if seen >= max_chars:
-                    return
+        yield from batch.column(0).to_pylist()
+
+
+def _held_out(spec: DataSpec, resolved: dict[str, ResolvedSource], cache: TokenCache) -> held_out.HeldOut:
+    """The text behind the cache's validation rows (held_out.py), rebuilt from the sources."""
+    return held_out.build(
+        (_documents(resolved[s.name], s.text_column) for s in spec.sources),
+        [cache.manifest["sources"][s.name]["val_rows"] for s in spec.sources],
+        cache.seq_len, cache.tokenizer_dir / "tokenizer.json", cache.manifest["eos_id"], cache.val,
+    )  # fmt: skip
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
@@ -202,9 +216,6 @@ def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], tmp: Path) 
         train_at, val_at = train_at + n_train, val_at + n_val
     train.flush()
     val.flush()
-    # Bits per byte needs the bytes behind the scored tokens (positions 1..T-1 of each row).
-    texts = tokenizer.batch_decode(np.asarray(val[:, 1:]), skip_special_tokens=True)
-    np.save(tmp / "val_bytes.npy", np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64))
     return {
         "format": CACHE_FORMAT_VERSION,
         "seq_len": spec.seq_len,

@@ -81,25 +81,27 @@ def choose(
 
 @torch.no_grad()
 def sliding_window_nll(
-    model: nn.Module, tokens: Sequence[int], window: int, stride: int, prefix_token: int
+    model: nn.Module, tokens: Sequence[int], window: int, stride: int, prefix: int | Sequence[int]
 ) -> tuple[float, int]:
     """Summed NLL (nats) and count of every token of `tokens`, each predicted from up to `window`
     tokens of context: windows of `window` inputs advance by `stride`, and each scores only the tokens
     no earlier window scored (the last window ends at the text's end). The first token is predicted
-    from `prefix_token` (end-of-text), so nothing is left unscored. With stride == window this is
-    exactly lm-eval's `loglikelihood_rolling`; smaller strides give every token more context."""
+    from `prefix` (end-of-text, or the context tokens before `tokens`), so nothing is left unscored. With
+    stride == window this is exactly lm-eval's `loglikelihood_rolling`; smaller strides give every token
+    more context."""
     if not 0 < stride <= window:
         raise ValueError(f"stride must be in 1..window ({window}), got {stride}")
-    stream = torch.tensor([prefix_token, *tokens], dtype=torch.long)
-    device = device_of(model)
+    prefix = [prefix] if isinstance(prefix, int) else list(prefix)
+    stream = torch.tensor([*prefix, *tokens], dtype=torch.long)
+    device, at = device_of(model), len(prefix)  # at: where tokens[0] is in the stream
     nll, scored = 0.0, 0  # scored: tokens of `tokens` done so far
     while scored < len(tokens):
-        end = min(scored + (window if scored == 0 else stride), len(tokens))  # last target index + 1
-        begin = max(0, end - window)  # inputs stream[begin:end] predict tokens[begin:end]
-        logits = model(stream[begin:end][None].to(device)).logits[0].float()
+        end = min(scored + (window if scored == 0 else stride), len(tokens))  # score tokens[scored:end]
+        inputs = stream[max(0, at + end - 1 - window) : at + end - 1]  # each predicts the token after it
+        logits = model(inputs[None].to(device)).logits[0].float()
         new = end - scored
         nll += F.cross_entropy(
-            logits[-new:], stream[end - new + 1 : end + 1].to(device), reduction="sum"
+            logits[-new:], stream[at + scored : at + end].to(device), reduction="sum"
         ).item()
         scored = end
     return nll, len(tokens)
