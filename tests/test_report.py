@@ -15,7 +15,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from rayb.report.study_report import FIGURES, build_report, build_verdict, format_table, write_report
+from rayb.analysis.verdict import build_verdict, selected_rows
+from rayb.report.sections import format_table, verdict_text
+from rayb.report.study_report import FIGURES, build_report, write_report
+from rayb.results import ResultRow, results_frame, write_results
 
 STEPS = list(range(0, 101, 10))
 VAL_STEPS = [50, 100]
@@ -32,35 +35,25 @@ EVALS = {"gpt": (0.30, 400.0, 4e6, 1.3), "mamba": (0.40, 900.0, 1.5e6, 1.0), "rw
 LENGTHS = [128, 256, 512]
 
 
-def _trial(model: str, arch: str, lr: float, seed: int, final: float, params: int = PARAMS) -> dict:
+def _trial(
+    model: str, arch: str, lr: float, seed: int, final: float, params: int = PARAMS, **fields
+) -> ResultRow:
     rng = np.random.default_rng([sum(map(ord, model)), LRS.index(lr), seed, params])  # deterministic noise
     val_loss = final + (0.0 if lr == LRS[1] else 0.2) + rng.normal(0, 0.01)
     train = [val_loss + 5.0 * math.exp(-s / 30) + rng.normal(0, 0.01) for s in STEPS]
     state, speed, memory, growth = EVALS[model.split("-")[0]]
-    return {
-        "model": model,
-        "arch": arch,
-        "lr": lr,
-        "seed": seed,
-        "trial_key": f"{model}-lr{lr:g}-s{seed}",
-        "status": "ok",
-        "params_total": params,
-        "params_non_embedding": params - 1_000_000,
-        "train_tokens": TOKENS,
-        "train_flops": 6.0 * params * TOKENS,
-        "steps": STEPS[-1],
-        "final_train_loss": train[-1],
-        "val_loss": val_loss,
-        "val_ppl": math.exp(val_loss),
-        "val_bpb": val_loss / math.log(2) / 4.0,
-        "wall_s": 10.0,
-        "tokens_per_s": 1e5,
-        "checkpoint": f"/tmp/ckpt/{model}/{seed}",
-        "curve_step": STEPS,
-        "curve_train_loss": train,
-        "curve_val_step": VAL_STEPS,
+    values = {
+        "params_total": params, "params_non_embedding": params - 1_000_000, "train_tokens": TOKENS,
+        "train_flops": 6.0 * params * TOKENS, "steps": STEPS[-1], "final_train_loss": train[-1],
+        "val_loss": val_loss, "val_ppl": math.exp(val_loss), "val_bpb": val_loss / math.log(2) / 4.0,
+        "wall_s": 10.0, "tokens_per_s": 1e5, "checkpoint": f"/tmp/ckpt/{model}/{seed}",
+        "curve_step": STEPS, "curve_train_loss": train, "curve_val_step": VAL_STEPS,
         "curve_val_loss": [val_loss + 0.3, val_loss],
-        "eval_errors": "{}",
+        # Three epochs, each closing with validation and (for mamba, standing in for an MoE) a model metric.
+        "epoch_val_loss": [val_loss + 0.4, val_loss + 0.1, val_loss],
+        "epoch_extra": [{"expert_gini": g} if model == "mamba" else {} for g in (0.3, 0.2, 0.1)],
+    }  # fmt: skip
+    metrics = {
         "statefulness.accuracy": state + rng.normal(0, 0.005),
         "statefulness.version": 1,
         "speed.gen_tokens_per_s": speed * (1 + rng.normal(0, 0.01)),
@@ -71,10 +64,6 @@ def _trial(model: str, arch: str, lr: float, seed: int, final: float, params: in
         "speed.version": 1,
         **{f"long_context.ppl@{m}x": math.exp(val_loss) * growth ** math.log2(m) for m in (1, 2, 4)},
         "long_context.version": 1,
-        "pretrained": "",
-        # Three epochs, each closing with validation and (for mamba, standing in for an MoE) a model metric.
-        "epoch_val_loss": [val_loss + 0.4, val_loss + 0.1, val_loss],
-        "epoch_extra": json.dumps([{"expert_gini": g} if model == "mamba" else {} for g in (0.3, 0.2, 0.1)]),
         "overfit.curve_step": [1, 10, 20],
         "overfit.curve_loss": [6.0, 2.0, 0.3 * growth],
         "overfit.curve_grad_norm": [3.0, 1.0, 0.5],
@@ -84,23 +73,25 @@ def _trial(model: str, arch: str, lr: float, seed: int, final: float, params: in
         "babilong.chance": 0.25,
         "babilong.version": 1,
     }
+    values = {"status": "ok"} | values | fields
+    return ResultRow("toy", model, arch, lr, seed, f"{model}-lr{lr:g}-s{seed}", **values, metrics=metrics)
 
 
-def _rows() -> list[dict]:
+def _rows() -> list[ResultRow]:
     rows = [
         _trial(m, arch, lr, seed, final)
         for m, (arch, final) in MODELS.items()
         for lr in LRS
         for seed in SEEDS
     ]
-    diverged = _trial("rwkv", "rwkv", LRS[1], 3, MODELS["rwkv"][1])
-    diverged.update(status="diverged", steps=37, val_loss=math.nan, val_ppl=math.nan, val_bpb=math.nan)
+    diverged = _trial("rwkv", "rwkv", LRS[1], 3, MODELS["rwkv"][1], status="diverged", steps=37,
+                      val_loss=math.nan, val_ppl=math.nan, val_bpb=math.nan)  # fmt: skip
     return rows + [diverged]
 
 
 @pytest.fixture
 def results() -> pd.DataFrame:
-    return pd.DataFrame(_rows())
+    return results_frame(_rows())
 
 
 def scaling_loss(params: float, exponent: float) -> float:
@@ -112,7 +103,7 @@ SIZES = {"small": 3_500_000, "large": 30_000_000}
 EXPONENTS = {"gpt": 0.3, "mamba": 0.3}  # parallel curves
 
 
-def full_results() -> pd.DataFrame:
+def full_rows() -> list[ResultRow]:
     """`results` plus gpt and mamba at two more sizes each: every report section has data."""
     extra = [
         _trial(
@@ -128,7 +119,11 @@ def full_results() -> pd.DataFrame:
         for lr in LRS
         for seed in SEEDS
     ]
-    return pd.DataFrame(_rows() + extra)
+    return _rows() + extra
+
+
+def full_results() -> pd.DataFrame:
+    return results_frame(full_rows())
 
 
 def provenance(**verdict) -> dict:
@@ -209,7 +204,6 @@ def test_write_report(results, tmp_path):
 
 def test_efficiency_and_pareto(results):
     from rayb.analysis.efficiency import efficiency, pareto_front
-    from rayb.report.study_report import selected_rows
 
     assert pareto_front([(1, 3), (2, 2), (2, 3), (3, 2), (1, 3), (0.5, math.nan)]) == [
         True,
@@ -231,7 +225,6 @@ def test_efficiency_and_pareto(results):
 
 def test_scaling_fits_recover_the_law_and_extrapolate():
     from rayb.analysis.scaling import fit_all
-    from rayb.report.study_report import selected_rows
 
     fits = {f.arch: f for f in fit_all(selected_rows(full_results()), [125_000_000])}
     for arch, model in (("transformer", "gpt"), ("mamba", "mamba")):
@@ -305,13 +298,12 @@ def test_format_table_renders(results):
 
 
 def test_verdict_warns_when_seeds_are_too_few_for_the_difference():
-    from rayb.report.study_report import verdict_text
 
     def table(candidate_losses):
         rows = [("gpt", 3.0 + d) for d in (-0.05, 0.0, 0.05)] + [("new", v) for v in candidate_losses]
-        return pd.DataFrame(
-            [{"model": m, "arch": m, "lr": 1e-3, "seed": i, "status": "ok", "params_total": 1, "val_loss": v,
-              "val_ppl": math.exp(v), "val_bpb": v} for i, (m, v) in enumerate(rows)]
+        return results_frame(
+            [ResultRow("t", m, m, 1e-3, i, f"{m}{i}", "ok", params_total=1, val_loss=v, val_ppl=math.exp(v), val_bpb=v)
+             for i, (m, v) in enumerate(rows)]
         )  # fmt: skip
 
     close = verdict_text(build_verdict(table([2.93, 2.98, 3.03]), "t", "gpt"))  # Δ −0.02, σ 0.05
@@ -378,9 +370,9 @@ def test_html_report_renders_in_headless_chromium(chromium, tmp_path):
 # --------------------------------------------------------------------------------------------- CLI
 
 
-def _study_dir(path, table: pd.DataFrame, record: dict):
+def _study_dir(path, rows: list[ResultRow], record: dict):
     path.mkdir(parents=True)
-    table.to_parquet(path / "results.parquet", index=False)
+    write_results(rows, path / "results.parquet")
     (path / "provenance.json").write_text(json.dumps(record))
     return path
 
@@ -390,7 +382,7 @@ def test_rayb_report_rebuilds_from_the_results_table(tmp_path):
 
     from rayb.cli import app
 
-    study = _study_dir(tmp_path / "toy-123", full_results(), provenance())
+    study = _study_dir(tmp_path / "toy-123", full_rows(), provenance())
     result = CliRunner().invoke(app, ["report", str(study)])
     assert result.exit_code == 0, result.output
     assert "Gate, mamba vs gpt: GO; should_scale: yes." in result.output
@@ -408,12 +400,12 @@ def test_rayb_compare_puts_studies_side_by_side(tmp_path):
 
     from rayb.cli import app
 
-    one = _study_dir(tmp_path / "a", pd.DataFrame(_rows()), provenance())
+    one = _study_dir(tmp_path / "a", _rows(), provenance())
     other_record = provenance()
     other_record["study"] = dict(
         other_record["study"], name="toy-long", data=dict(other_record["study"]["data"], seq_len=64)
     )
-    two = _study_dir(tmp_path / "b", pd.DataFrame(_rows()), other_record)
+    two = _study_dir(tmp_path / "b", _rows(), other_record)
     result = CliRunner().invoke(app, ["compare", str(one), str(two), "--output", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
     md = (tmp_path / "cmp" / "comparison.md").read_text()

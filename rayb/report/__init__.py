@@ -1,12 +1,2 @@
-"""Study verdicts and their markdown / JSON / plot reports."""
-
-from rayb.report.study_report import (
-    StudyReport,
-    Verdict,
-    build_report,
-    build_verdict,
-    format_table,
-    write_report,
-)
-
-__all__ = ["StudyReport", "Verdict", "build_report", "build_verdict", "format_table", "write_report"]
+"""A study's report: the verdict and its evidence as markdown, self-contained HTML, JSON and plots
+(study_report.py), built from the results table and the provenance record alone."""

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayb.analysis.efficiency import pareto_front
-from rayb.files import write_atomic
+from rayb.files import digest, write_atomic
 from rayb.report import plots
 from rayb.report.html import data_uri, to_html
-from rayb.report.sections import fmt, gate_headline, markdown_table
-from rayb.report.study_report import StudyReport, build_report, read_study_dir, verdict_text
-from rayb.study import digest
+from rayb.report.sections import fmt, gate_headline, markdown_table, verdict_text
+from rayb.report.study_report import StudyReport, build_report, read_study_dir
 
 HEADER = ("study", "model", "arch", "params", "training FLOPs", "seeds", "val loss mean ± std",
           "Δ vs study ref", "significant?", "gate")  # fmt: skip

@@ -1,4 +1,5 @@
-"""Markdown for the report's decision and evidence sections: the gate, efficiency, scaling laws and
+"""The report's sections as markdown (and the comparison table for the terminal): the verdict and its
+table, the gate, efficiency, scaling laws, per-benchmark and per-epoch tables, model metrics and
 provenance. Each function turns analysis values into lines; none computes anything."""
 
 from __future__ import annotations
@@ -8,11 +9,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import yaml
+from rich.table import Table
 
 from rayb.analysis.efficiency import Efficiency
 from rayb.analysis.gate import GateDecision
 from rayb.analysis.scaling import MIN_SIZES, ScalingFit
+from rayb.analysis.stats import SIGMA_MULTIPLIER, Comparison, Summary, finite_values, seeds_needed, summarize
+from rayb.analysis.verdict import SELECTION_METRIC, ModelRow, Verdict
 
 
 def markdown_table(header: Sequence[str], rows: list[list[str]]) -> str:
@@ -158,3 +164,257 @@ def provenance_section(provenance: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+WELCH_ALPHA = 0.05
+"""Level at which the report calls a Welch p-value small."""
+
+
+TABLE_COLUMNS: tuple[str, ...] = (
+    "model",
+    "arch",
+    "params",
+    "lr",
+    "seeds",
+    "val loss mean ± std [95% CI]",
+    "ppl",
+    "bpb",
+    "Δ val loss vs ref",
+    "p (Welch)",
+    "significant?",
+)
+
+
+def _fmt_params(n: int) -> str:
+    """Exact parameter count: matched-size claims are checked to the last parameter."""
+    return f"{n:,}"
+
+
+def _fmt_summary(s: Summary) -> str:
+    """mean ± std [ci_low, ci_high]."""
+    return f"{s.mean:.4f} ± {s.std:.4f} [{s.ci_low:.4f}, {s.ci_high:.4f}]"
+
+
+def _fmt_mean(s: Summary | None, spec: str) -> str:
+    """Mean of a summary, or a dash when the metric had no finite value."""
+    return "—" if s is None else format(s.mean, spec)
+
+
+def _fmt_delta(comp: Comparison | None) -> str:
+    """Signed delta with its relative size; "ref" marks the reference row."""
+    if comp is None:
+        return "—"
+    return f"{comp.delta:+.4f} ({fmt(100 * comp.rel_delta, '+.2f')}%)"
+
+
+def table_rows(verdict: Verdict) -> list[list[str]]:
+    """Cell strings of the comparison table, shared by the rich and markdown renderings."""
+    out = []
+    for row in verdict.rows:
+        is_ref = row.model == verdict.reference
+        comp = None if is_ref else verdict.comparison(row.model, SELECTION_METRIC)
+        s = row.summaries
+        out.append(
+            [
+                row.model + (" (ref)" if is_ref else ""),
+                row.arch,
+                _fmt_params(row.params_total),
+                f"{row.lr:.3g}",
+                str(row.n_seeds),
+                _fmt_summary(s["val_loss"]),
+                _fmt_mean(s.get("val_ppl"), ".2f"),
+                _fmt_mean(s.get("val_bpb"), ".4f"),
+                "ref" if is_ref else _fmt_delta(comp),
+                "—" if comp is None else fmt(comp.p_value, ".3g"),
+                "—" if comp is None else ("yes" if comp.significant else "no"),
+            ]
+        )
+    return out
+
+
+def format_table(verdict: Verdict) -> Table:
+    """The comparison table the CLI prints (same cells as the markdown report)."""
+    table = Table(title=f"{verdict.study}: each model at its best lr, vs {verdict.reference}")
+    for col in TABLE_COLUMNS:
+        numeric = col not in ("model", "arch", "significant?")
+        table.add_column(col, justify="right" if numeric else "left")
+    for cells in table_rows(verdict):
+        table.add_row(*cells)
+    return table
+
+
+def _comparison_sentence(verdict: Verdict, comp: Comparison) -> str:
+    """One sentence on a candidate vs the reference on the selection metric."""
+    verb = "beats" if comp.delta < 0 else ("is worse than" if comp.delta > 0 else "ties")
+    rule = "the difference is " + ("significant" if comp.significant else "not significant")
+    if math.isfinite(comp.p_value):
+        side = "<" if comp.p_value < WELCH_ALPHA else "≥"
+        welch = f"Welch p = {comp.p_value:.3g} ({side} {WELCH_ALPHA:g})"
+    else:
+        welch = "Welch p not available (fewer than 2 seeds)"
+    others = ""
+    if math.isfinite(comp.mann_whitney_p):
+        others = (
+            f"; Mann–Whitney p = {comp.mann_whitney_p:.3g}; bootstrap 95% CI of Δ "
+            f"[{comp.delta_ci_low:+.4f}, {comp.delta_ci_high:+.4f}]"
+        )
+    if len({c.candidate for c in verdict.comparisons}) > 1 and math.isfinite(comp.p_holm):
+        others += f"; Holm-adjusted p = {comp.p_holm:.3g}"
+    return (
+        f"**{comp.candidate}** {verb} **{verdict.reference}** on validation loss: "
+        f"Δ = {comp.delta:+.4f} nats/token ({fmt(100 * comp.rel_delta, '+.2f')}%), "
+        f"{rule} under the rule ({comp.rule}); {welch}{others}."
+    )
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """The "Verdict" paragraph, generated from the comparisons on validation loss."""
+    comps = [c for c in verdict.comparisons if c.metric == SELECTION_METRIC]
+    winners = [c for c in comps if c.delta < 0]
+    sig_winners = [c.candidate for c in winners if c.significant]
+    if not comps:
+        headline = f"No model could be compared with the reference **{verdict.reference}**."
+    elif not winners:
+        headline = f"No model beats the reference **{verdict.reference}** on validation loss."
+    elif sig_winners:
+        headline = (
+            f"Significant improvement over **{verdict.reference}**: "
+            + ", ".join(f"**{m}**" for m in sig_winners)
+            + "."
+        )
+    else:
+        headline = (
+            f"{len(winners)} model(s) have lower mean validation loss than **{verdict.reference}**, "
+            "but none clears the significance rule."
+        )
+    lines = [
+        headline,
+        "",
+        "Each model is evaluated at its own best learning rate (lowest mean validation loss over seeds). "
+        f"A difference counts as significant when |Δmean| > {SIGMA_MULTIPLIER:g}·√(σ_ref² + σ_cand²) over seeds; "
+        "Welch's t-test, Mann–Whitney U and a bootstrap interval of Δ are reported alongside "
+        "(with Holm's correction when several candidates face the reference).",
+        "",
+    ]
+    lines += [f"- {_comparison_sentence(verdict, c)}" for c in comps]
+    lines += [f"- ⚠ {warning}" for c in comps if (warning := _seed_warning(verdict, c))]
+    return "\n".join(lines)
+
+
+def _seed_warning(verdict: Verdict, comp: Comparison) -> str | None:
+    """Say so when the seeds run are fewer than a t-test needs to detect the measured Δ with 80% power,
+    given the measured spread (the pooled std of the two models)."""
+    rows = {r.model: r for r in verdict.rows}
+    ref, cand = rows[comp.reference].summaries[comp.metric], rows[comp.candidate].summaries[comp.metric]
+    if min(ref.n, cand.n) < 2:
+        return None
+    needed = seeds_needed(math.sqrt((ref.std**2 + cand.std**2) / 2), comp.delta)
+    if needed is not None and min(ref.n, cand.n) >= needed:
+        return None
+    return (
+        f"{comp.candidate} vs {comp.reference}: {min(ref.n, cand.n)} seeds are too few to detect a Δ of "
+        f"{comp.delta:+.4f} with 80% power at this spread (it needs {needed or 'more than 10,000'} per model; "
+        "see `rayb power`)."
+    )
+
+
+def entropy_text(verdict: Verdict, unigram_entropy_nats: float) -> str:
+    """Compare every model with the unigram-entropy floor a context-free model would reach."""
+    above = [r.model for r in verdict.rows if r.summaries["val_loss"].mean >= unigram_entropy_nats]
+    status = (
+        "every model is below it, i.e. uses context."
+        if not above
+        else "not below it (no better than unigram frequencies): " + ", ".join(above) + "."
+    )
+    return f"Unigram entropy of the training tokens (the loss of a context-free model): {unigram_entropy_nats:.4f} nats/token; {status}"
+
+
+MAX_BENCHMARK_COLUMNS = 10  # per suite table; results.parquet has them all
+
+
+def _suite_metrics(df: pd.DataFrame, suite: str) -> list[str]:
+    """A suite's scalar metric columns (lists, such as curves, stay in results.parquet)."""
+    prefix = f"{suite}."
+    return [
+        c for c in df.columns
+        if c.startswith(prefix) and c != f"{suite}.version" and pd.api.types.is_numeric_dtype(df[c])
+    ]  # fmt: skip
+
+
+def _fmt_seeds(values: np.ndarray) -> str:
+    if not finite_values(values).size:
+        return "–"
+    summary = summarize(values)
+    return f"{summary.mean:.4g}" + (f" ± {summary.std:.2g}" if summary.n > 1 else "")
+
+
+def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
+    """Markdown: one table per eval suite, each model at its selected learning rate, mean ± std over
+    seeds; then the evaluations that failed, with their messages."""
+    suites = [c.removesuffix(".version") for c in df.columns if c.endswith(".version")]
+    ok = df[df.status == "ok"]
+    parts = []
+    for suite in suites:
+        metrics = _suite_metrics(df, suite)[:MAX_BENCHMARK_COLUMNS]
+        version = ok[f"{suite}.version"].dropna()
+        rows = []
+        for row in verdict.rows:
+            seeds = ok[(ok.model == row.model) & (ok.lr == row.lr)]
+            rows.append([row.model, *(_fmt_seeds(seeds[m].to_numpy(float)) for m in metrics)])
+        if metrics:
+            title = f"### {suite} (v{int(version.iloc[0])})" if len(version) else f"### {suite}"
+            names = [m.removeprefix(f"{suite}.") for m in metrics]
+            parts += [title, "", markdown_table(["model", *names], rows), ""]
+    failures = [
+        [r.model, str(r.seed), suite, error]
+        for r in ok.itertuples()
+        for suite, error in r.eval_errors.items()
+    ]
+    if failures:
+        parts += [
+            "### Failed evaluations",
+            "",
+            markdown_table(("model", "seed", "suite", "error"), failures),
+            "",
+        ]
+    return ["## Benchmarks", "", *parts] if parts else []
+
+
+def _selected_seeds(df: pd.DataFrame, row: ModelRow) -> pd.DataFrame:
+    return df[(df.status == "ok") & (df.model == row.model) & (df.lr == row.lr)]
+
+
+def epoch_table(verdict: Verdict, df: pd.DataFrame) -> list[list[str]]:
+    """Rows (model, epoch, val loss, val ppl, each model metric): mean ± std over seeds per epoch."""
+    if "epoch_val_loss" not in df:
+        return []
+    rows = []
+    for row in verdict.rows:
+        seeds = _selected_seeds(df, row)
+        losses = [list(v) for v in seeds.epoch_val_loss if v is not None and len(v)]
+        extras = [list(v) for v in seeds.epoch_extra]
+        names = sorted({n for per_seed in extras for epoch in per_seed for n in epoch})
+        for epoch in range(min(map(len, losses), default=0)):
+            loss = np.array([seed[epoch] for seed in losses], dtype=float)
+            metrics = [
+                np.array(
+                    [e[epoch].get(n, math.nan) if epoch < len(e) else math.nan for e in extras], dtype=float
+                )
+                for n in names
+            ]
+            rows.append([row.model, str(epoch + 1), _fmt_seeds(loss), _fmt_seeds(np.exp(loss)),
+                         "; ".join(f"{n} {_fmt_seeds(m)}" for n, m in zip(names, metrics, strict=True)) or "–"])  # fmt: skip
+    return rows
+
+
+def model_metrics_section(verdict: Verdict, df: pd.DataFrame) -> list[str]:
+    """A model's own metrics (`extra_metrics()`), measured over the held-out rows by the lm suite."""
+    names = [c for c in df.columns if c.startswith("extra.") and pd.api.types.is_numeric_dtype(df[c])]
+    if not names or df[names].isna().all().all():
+        return []
+    rows = [
+        [row.model, *(_fmt_seeds(_selected_seeds(df, row)[n].to_numpy(float)) for n in names)]
+        for row in verdict.rows
+    ]
+    return ["## Model metrics", "", "Reported by the models themselves over the held-out rows (– : not reported).",
+            "", markdown_table(["model", *(n.removeprefix("extra.") for n in names)], rows), ""]  # fmt: skip
