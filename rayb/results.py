@@ -96,9 +96,10 @@ _COLUMN_TYPES = {
     "epoch_extra": pa.list_(pa.map_(pa.string(), pa.float64())),
 }
 _SCALAR_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string()}
+_HINTS = typing.get_type_hints(ResultRow)
 RESULTS_SCHEMA = pa.schema(
     [
-        pa.field(f.name, _COLUMN_TYPES.get(f.name) or _SCALAR_TYPES[typing.get_type_hints(ResultRow)[f.name]])
+        pa.field(f.name, _COLUMN_TYPES.get(f.name) or _SCALAR_TYPES[_HINTS[f.name]])
         for f in dataclasses.fields(ResultRow)
         if f.name != "metrics"
     ],

@@ -263,10 +263,10 @@ def _after_training_error(exc: Exception, study_dir: Path) -> StudyFailed:
     """A failure once training is over, as a study error: its message, where its traceback was written,
     and that the finished work is kept (a rerun redoes none of it)."""
     write_atomic(study_dir / ERROR_LOG, "".join(traceback.format_exception(exc)).encode())
-    kept = [name for name in ("results.parquet",) if (study_dir / name).exists()]
+    table = study_dir / RESULTS_NAME
     return StudyFailed(
         f"{type(exc).__name__}: {exc}. Every trained model and finished evaluation is kept"
-        + (f", and the results table is at {study_dir / kept[0]}" if kept else "")
+        + (f", and the results table is at {table}" if table.exists() else "")
         + f"; the traceback is in {study_dir / ERROR_LOG}. Fix the cause and run again: nothing finished is redone."
     )
 

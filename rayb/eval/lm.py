@@ -93,9 +93,8 @@ def own_token_rows(tokenizer, held_out: HeldOut) -> list[tuple[list[int], int]]:
                     if first is None and not (k == 0 and begin < context_end):
                         first = len(ids)
                     ids.append(token)
-        if first is None:  # the row's first item was its end-of-text context
-            first = 1
-        rows.append((ids, max(1, first)))
+        # Nothing before the first scored token (the row opened with end-of-text): that token is context.
+        rows.append((ids, max(1, first or 0)))
     return rows
 
 

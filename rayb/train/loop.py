@@ -215,10 +215,11 @@ def _end_of_step(run: _Run, done: int) -> None:
     over them); every eval_every steps, at the end, and at an epoch's end, interim validation and a
     checkpoint."""
     t, steps = run.train, run.trial.steps
-    epoch_end = t.epochs > 1 and (done % run.cache.batches_per_epoch(t.global_batch) == 0 or done == steps)
+    per_epoch = run.cache.batches_per_epoch(t.global_batch)
+    epoch_end = t.epochs > 1 and (done % per_epoch == 0 or done == steps)
     if epoch_end:
         val_loss = _validation_loss(run, rows=len(run.cache.val))
-        epoch = math.ceil(done / run.cache.batches_per_epoch(t.global_batch))
+        epoch = math.ceil(done / per_epoch)
         run.log.write(kind="epoch", step=done, epoch=epoch, val_loss=val_loss, extra=_extra_metrics(run))
     if done % t.eval_every == 0 or done == steps or epoch_end:
         val_loss = _validation_loss(run)
