@@ -88,8 +88,11 @@ def plan(
     peak_tflops: Annotated[
         float | None, typer.Option("--peak-tflops", help="per-GPU peak instead of --gpu's")
     ] = None,
+    gpus: Annotated[
+        int, typer.Option("--gpus", min=1, help="GPUs in the cluster (default: one 8-GPU node)")
+    ] = 8,
 ) -> None:
-    """What a study would run: trials, GPUs, training FLOPs and GPU-hours at a stated MFU."""
+    """What a study would run: trials, how they pack onto the GPUs, training FLOPs and GPU-hours at a stated MFU."""
     from rayb.plan import PEAK_FLOPS, plan_study
 
     study = _load(study_file)
@@ -112,14 +115,20 @@ def plan(
         table.add_row(m.label, f"{m.params_total:,}", str(m.trials), f"{m.steps:,}", f"{m.tokens_per_trial:,}",
                       f"{m.flops_per_trial:.3g}", f"{result.gpu_hours(m.flops):,.1f}")  # fmt: skip
     console.print(table)
-    gpus = result.gpus_per_trial
-    in_flight = min(result.trials, study.train.max_concurrent_trials or result.trials)
+    share = result.gpus_per_trial
+    packing = result.packing(gpus)
+    groups = "; ".join(
+        f"{label}: {sum(sizes)} trial{'s' if sum(sizes) != 1 else ''} in {len(sizes)} worker group{'s' if len(sizes) != 1 else ''}"
+        for label, sizes in packing.groups.items()
+    )
     console.print(
-        f"{_trial_count(study)}; {gpus or 'no'} GPU{'s' if gpus != 1 else ''} per trial"
+        f"{_trial_count(study)}; {share or 'no'} GPU{'s' if share != 1 else ''} per trial"
         + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
+        + f"\nOn {gpus} GPUs: {groups}. A group trains its trials one after another; {min(packing.slots, packing.group_count)} "
+        f"group{'s' if packing.slots != 1 else ''} at once ({packing.slots} fit"
+        + (f", {1 / share:g} to a GPU" if share and share < 1 else "") + ")."
         + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours(result.flops):,.1f} GPU-hours at {mfu:.0%} MFU "
-        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {_duration(result.wall_hours)} of wall-clock with "
-        f"{in_flight} trials in flight ({in_flight * max(1, study.train.num_workers)} workers at once). "
+        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {_duration(result.wall_hours(gpus))} of wall-clock on {gpus} GPUs. "
         f"Evaluation ({len(study.eval)} suites per checkpoint) is not included.",
         highlight=False,
     )  # fmt: skip

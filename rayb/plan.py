@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayb.study import Study
+from rayb.tune.packs import split_groups, trial_slots
 
 # Dense bf16 peak throughput per GPU (FLOP/s), from the vendors' datasheets.
 PEAK_FLOPS = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "a10g": 125e12, "l4": 121e12}
@@ -44,8 +45,9 @@ class StudyPlan:
         return sum(m.trials for m in self.models if m.steps)
 
     @property
-    def gpus_per_trial(self) -> int:
-        return self.study.train.num_workers if self.study.train.use_gpu else 0
+    def gpus_per_trial(self) -> float:
+        train = self.study.train
+        return train.num_workers * train.gpus_per_worker
 
     @property
     def flops(self) -> float:
@@ -54,17 +56,38 @@ class StudyPlan:
     def gpu_hours(self, flops: float) -> float:
         return flops / (self.peak_flops * self.mfu) / 3600
 
+    def packing(self, gpus: int) -> Packing:
+        """How the trials run on a cluster of `gpus` GPUs: each model's trials packed into worker groups
+        (split only to fill idle slots, as `rayb run` packs them) and how many groups train at once."""
+        slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), gpus)
+        trained = [m for m in self.models if m.steps]
+        packs = split_groups([[m.label] * m.trials for m in trained], slots)
+        groups = {m.label: [len(p) for p in packs if p[0] == m.label] for m in trained}
+        return Packing(gpus, slots, groups)
+
+    def wall_hours(self, gpus: int) -> float:
+        """Wall-clock on `gpus` GPUs: the worker groups, longest first, each on the next free slot (a
+        group's trials run one after another, each on num_workers GPUs)."""
+        packing = self.packing(gpus)
+        per_trial = {m.label: self.gpu_hours(m.flops_per_trial) / max(1, self.study.train.num_workers)
+                     for m in self.models if m.steps}  # fmt: skip
+        durations = sorted((per_trial[label] * n for label, sizes in packing.groups.items() for n in sizes),
+                           reverse=True)  # fmt: skip
+        slots = [0.0] * min(packing.slots, max(1, len(durations)))
+        for duration in durations:
+            slots[slots.index(min(slots))] += duration
+        return max(slots, default=0.0)
+
+
+@dataclass(frozen=True)
+class Packing:
+    gpus: int
+    slots: int  # worker groups training at once
+    groups: dict[str, list[int]]  # model label -> trials in each of its worker groups
+
     @property
-    def wall_hours(self) -> float:
-        """Wall-clock with as many trials in flight as train.max_concurrent_trials allows (default all),
-        each on its num_workers GPUs: the sum over waves of the longest trial in each."""
-        concurrent = self.study.train.max_concurrent_trials or self.trials
-        durations = sorted(
-            (self.gpu_hours(m.flops_per_trial) / max(1, self.study.train.num_workers)
-             for m in self.models for _ in range(m.trials) if m.steps),
-            reverse=True,
-        )  # fmt: skip
-        return sum(durations[i] for i in range(0, len(durations), concurrent))
+    def group_count(self) -> int:
+        return sum(len(sizes) for sizes in self.groups.values())
 
 
 def plan_study(study: Study, peak_flops: float, mfu: float) -> StudyPlan:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pandas as pd
 
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
-from rayb.eval.actors import read_result
+from rayb.eval.actors import EvalJob, EvalPool, read_result
 from rayb.eval.registry import parse_suite
 from rayb.files import read_json, write_atomic, write_json_atomic
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
@@ -30,6 +32,7 @@ from rayb.results import RESULTS_NAME, ResultRow, write_results
 from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
+from rayb.tune.packs import pack_trials, trial_slots
 
 
 @dataclass
@@ -48,16 +51,10 @@ class StudyOutcome:
 
 
 def plan_trials(
-    study: Study,
-    cache: TokenCache,
-    out: Path,
-    cores: int,
-    checkpoints: dict[str, dict[int, Checkpoint]] | None = None,
+    study: Study, cache: TokenCache, out: Path, checkpoints: dict[str, dict[int, Checkpoint]] | None = None
 ) -> list[TrialSpec]:
     """Every (model, lr, seed) trial; a pretrained model is one trial, evaluated and never trained."""
     checkpoints = checkpoints or {}
-    n_trials = len(study.trained_models) * len(study.train.lr) * len(study.seeds)
-    threads = max(1, cores // (concurrency(study, n_trials, cores) * study.train.num_workers))
     vocab, data_key = cache.manifest["vocab_size"], cache.manifest["key"]
     trials = []
 
@@ -65,7 +62,7 @@ def plan_trials(
         return TrialSpec(
             key=key, model=model.label, train=study.train, cache_dir=str(cache.path),
             trial_dir=str(out / "trials" / f"{model.label}-{key}"), storage_path=str(out / "ray" / "train"),
-            threads=threads, **fields,
+            **fields,
         )  # fmt: skip
 
     for i, model in enumerate(study.models):
@@ -164,12 +161,6 @@ def materialise_pretrained(trial: TrialSpec) -> str | None:
     return None
 
 
-def concurrency(study: Study, n_trials: int, cores: int) -> int:
-    if study.train.max_concurrent_trials:
-        return study.train.max_concurrent_trials
-    return max(1, min(n_trials, cores // study.train.num_workers))
-
-
 def run_study(
     study: Study,
     output: Path | None = None,
@@ -182,17 +173,20 @@ def run_study(
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
-    from rayb.tune.sweep import run_trials
+    from rayb.tune.sweep import run_packs
 
     began = time.perf_counter()
     out = Path(output or study.output_dir).resolve()
     study_dir = out / "studies" / f"{study.name}-{study.fingerprint()}"
     study_dir.mkdir(parents=True, exist_ok=True)
 
+    stages = Stages()
     runtime.init_ray()
     cores = runtime.compute_cores(study.train.use_gpu)
+    stages.end("ray_start")
     log("preparing data (tokenize, pack, mix) ...")
     cache = prepare_data(study.data, out / "cache")
+    stages.end("data")
     provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
     write_json_atomic(study_dir / PROVENANCE_NAME, provenance)
     if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
@@ -202,7 +196,7 @@ def run_study(
         )
     checkpoints = resolve_checkpoints(study, out, log)
     check_init_tokenizers(study, cache, checkpoints)
-    trials = plan_trials(study, cache, out, cores, checkpoints)
+    trials = plan_trials(study, cache, out, checkpoints)
     errors = {}
     for trial in trials:
         if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
@@ -216,16 +210,50 @@ def run_study(
         )
     if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
         check_kernels(sorted({t.arch for t in pending}))
-    log(f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} ...")
-    if pending:
-        errors |= run_trials(pending, out / "ray" / "tune", concurrency(study, len(pending), cores))
+    slots = trial_slots(study.train, runtime.device_capacity(study.train.use_gpu))
+    packs = [
+        p for p in pack_trials([t for t in trials if t.arch != PRETRAINED_ARCH], slots, cores) if p.pending
+    ]
+    log(
+        f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} "
+        f"in {len(packs)} worker group{'s' if len(packs) != 1 else ''}, evaluating each as it finishes ..."
+    )
+    evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log)
+    feed = FinishedTrials(study, trials)
+    stages.end("planning")
+    with evaluating_beside(evaluations, feed) as evaluated:
+        if packs:
+            errors |= run_packs(packs, out / "ray" / "tune", min(slots, len(packs)))
+        stages.end("training")
+    stages.end("evaluation_after_training")
     try:
-        outcome = _evaluate_and_report(study, trials, errors, study_dir, provenance, cores, log)
+        if "failure" in evaluated:
+            raise evaluated["failure"]
+        outcome = _report(study, trials, errors, evaluated["errors"], study_dir, provenance)
+        stages.end("report")
+        write_json_atomic(study_dir / TIMINGS, stages.seconds | {"groups_at_once": min(slots, len(packs))})
     except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
         raise _after_training_error(exc, study_dir) from exc
+    outcome.evaluated = evaluations.submitted
     outcome.archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
     outcome.trained, outcome.wall_s = len(pending), time.perf_counter() - began
     return outcome
+
+
+TIMINGS = "timings.json"  # where this run's wall-clock went, stage by stage (bench/overhead.py reads it)
+
+
+class Stages:
+    """Seconds spent in each stage of a run, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def end(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[f"{stage}_s"] = round(now - self._since, 3)
+        self._since = now
 
 
 def check_kernels(archs: list[str]) -> None:
@@ -237,22 +265,57 @@ def check_kernels(archs: list[str]) -> None:
         raise StudyError(message)
 
 
-def _evaluate_and_report(study, trials, errors, study_dir, provenance, cores, log) -> StudyOutcome:
-    from rayb.eval.actors import evaluate, evaluation_jobs
+class FinishedTrials:
+    """An EvalPool's feed: each trial's evaluation jobs, handed over once, as soon as its training has
+    finished (pretrained references and trials finished by an earlier run at once)."""
+
+    def __init__(self, study: Study, trials: list[TrialSpec]):
+        self.study, self.waiting = study, list(trials)
+        self.training_over = threading.Event()
+
+    def __call__(self) -> tuple[list[EvalJob], bool]:
+        from rayb.eval.actors import evaluation_jobs
+
+        over = self.training_over.is_set()  # read first: a trial finishing during the scan is seen next time
+        finished = [t for t in self.waiting if t.done]
+        self.waiting = [t for t in self.waiting if t not in finished]
+        ok = [t for t in finished if read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+        return evaluation_jobs(ok, self.study.eval, self.study.eval_options, self.study.base_dir), not over
+
+
+@contextmanager
+def evaluating_beside(pool: EvalPool, feed: FinishedTrials):
+    """Serve the eval pool in a thread while the body trains. Yields a dict that holds, once the block
+    ends, the pool's {(trial key, suite): error}, or the "failure" that stopped the pool itself."""
+    evaluated: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            evaluated["errors"] = pool.serve(feed)
+        except Exception as exc:  # noqa: BLE001  (re-raised by the caller, after training has ended)
+            evaluated["failure"] = exc
+
+    thread = threading.Thread(target=serve, name="rayb-eval", daemon=True)
+    thread.start()
+    try:
+        yield evaluated
+    except BaseException:
+        pool.stopping.set()  # the study is ending (an error, Ctrl-C): finished results are all on disk
+        raise
+    finally:
+        feed.training_over.set()
+        thread.join()
+
+
+def _report(study, trials, errors, eval_errors, study_dir, provenance) -> StudyOutcome:
     from rayb.report.study_report import build_report, write_report
 
-    trained = [
-        t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"
-    ]
-    jobs = evaluation_jobs(trained, study.eval, study.eval_options, study.base_dir)
-    log(f"evaluating: {len(jobs)} (checkpoint × suite) jobs on eval actors ...")
-    eval_errors = evaluate(jobs, num_actors=max(1, cores), use_gpu=study.train.use_gpu, log=log)
     table = write_results(result_rows(study, trials, errors), study_dir / RESULTS_NAME)
     report = build_report(table, provenance)
     files = write_report(report, study_dir) | {"table": study_dir / RESULTS_NAME}
     return StudyOutcome(
-        study_dir, table, report, files, trained=0, evaluated=len(jobs), wall_s=0.0, errors=errors,
-        trials=trials, eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
+        study_dir, table, report, files, trained=0, evaluated=0, wall_s=0.0, errors=errors, trials=trials,
+        eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
     )  # fmt: skip
 
 

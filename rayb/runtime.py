@@ -48,6 +48,25 @@ def compute_cores(use_gpu: bool) -> int:
     return cpus // LOCAL_OVERSUBSCRIBE if not os.environ.get("RAY_ADDRESS") else cpus
 
 
+def device_capacity(use_gpu: bool) -> int:
+    """Devices trials may spread over: those present, or on a cluster whose autoscaler may add nodes, the
+    most its node types allow (a cluster that scales up from zero GPUs still runs its trials at once)."""
+    present = compute_cores(use_gpu)
+    if not os.environ.get("RAY_ADDRESS"):
+        return present
+    try:  # the autoscaler's published cluster config: node types × max_workers (absent on a fixed cluster)
+        from ray._private.state import state
+
+        limits = state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001  (a private API: without it, the devices present are the answer)
+        limits = {}
+    return max(present, min(int(limits.get("GPU" if use_gpu else "CPU", 0)), MAX_AUTOSCALED_DEVICES))
+
+
+# An autoscaler with no upper bound reports sys.maxsize; trials beyond this many at once are not useful.
+MAX_AUTOSCALED_DEVICES = 4096
+
+
 def cluster_summary() -> dict[str, float | int]:
     """The Ray cluster's nodes and resource totals (CPU, GPU, memory), for the provenance record."""
     import ray

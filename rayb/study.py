@@ -24,7 +24,7 @@ from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, p
 from rayb.files import digest
 from rayb.models.spec import ModelSpec
 from rayb.spec import Spec
-from rayb.train.spec import TrainSpec
+from rayb.train.spec import SCHEDULING_FIELDS, TrainSpec
 
 if TYPE_CHECKING:
     from rayb.models.accounting import Cost
@@ -221,7 +221,7 @@ class Study(Spec):
         """Hash of everything that determines a trial's result; `data_key` identifies the token cache,
         `weights` the checkpoint a pretrained or init_from model loads (another study's trial key)."""
         # Scheduling knobs do not change a trial's result, so they stay out of its key.
-        train = {k: v for k, v in self.train.hashed().items() if k not in ("lr", "max_concurrent_trials")}
+        train = {k: v for k, v in self.train.hashed().items() if k not in ("lr", *SCHEDULING_FIELDS)}
         key = {"data": data_key, "model": model.hashed(), "train": train, "lr": lr, "seed": seed}
         return digest(key | ({"weights": weights} if weights else {}))
 

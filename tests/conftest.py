@@ -50,6 +50,16 @@ def registered_checkpoint_step(run_dir: Path) -> int:
     return latest.get("metrics", {}).get("step", 0)
 
 
+def registered_checkpoint_trial(run_dir: Path) -> str | None:
+    """The trial key of the latest checkpoint Ray Train has registered for a run (in a pack's run, the
+    trials take turns): its DeepSpeed tag, `<trial key>-step<N>`, in the checkpoint's `latest` file."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") if snapshot.exists() else None
+    if not latest:
+        return None
+    return (run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip().rpartition("-step")[0]
+
+
 def restart_points(metrics_log: Path) -> list[int]:
     """Steps at which a run's raw (undeduplicated) log starts over: where it resumed after a failure."""
     steps = [json.loads(line)["step"] for line in metrics_log.read_text().splitlines() if '"train"' in line]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
+from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict
 from typer.testing import CliRunner
 
 from rayb.cli import app
@@ -43,9 +43,10 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
         assert driver.poll() is None and time.time() < deadline, "study ended before the kill"
         trials = sorted((out / "trials").glob("*")) if (out / "trials").exists() else []
         done = [t for t in trials if (t / TRAIN_DONE).exists()]
-        running = [
-            t for t in trials if t not in done and registered_checkpoint_step(out / "ray" / "train" / t.name)
-        ]
+        # The three seeds share one worker group (one Ray Train run), whose checkpoints take turns.
+        runs = list((out / "ray" / "train").glob("*")) if (out / "ray" / "train").exists() else []
+        checkpointed = {registered_checkpoint_trial(run) for run in runs}
+        running = [t for t in trials if t not in done and t.name.split("-")[-1] in checkpointed]
         if done and running:
             break
         time.sleep(0.1)

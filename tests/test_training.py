@@ -13,14 +13,14 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import registered_checkpoint_step, restart_points, tiny_study_dict
+from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict
 
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import parse_study
 from rayb.train.loop import METRICS
-from rayb.train.trainer import fit_trial
-from rayb.train.trial import TRAIN_DONE, read_metrics
+from rayb.train.trainer import fit_pack
+from rayb.train.trial import TRAIN_DONE, TrialPack, read_metrics
 
 pytestmark = pytest.mark.ray
 
@@ -29,10 +29,8 @@ def _train(tiny_cache, out: Path, arch_index: int, num_workers: int, loop=None, 
     raw = tiny_study_dict(seeds=[0])
     raw["train"] |= {"num_workers": num_workers, **train}
     study = parse_study(raw)
-    trial = next(
-        t for t in plan_trials(study, tiny_cache, out, cores=2) if t.arch == study.models[arch_index].arch
-    )
-    fit_trial(trial, **({"loop": loop} if loop else {}))
+    trial = next(t for t in plan_trials(study, tiny_cache, out) if t.arch == study.models[arch_index].arch)
+    fit_pack(TrialPack((trial,)), **({"loop": loop} if loop else {}))
     return study, Path(trial.trial_dir)
 
 
@@ -124,20 +122,23 @@ def _train_workers() -> list[psutil.Process]:
     ]
 
 
-def test_killed_worker_resumes_to_the_identical_result(runs, tiny_cache, tmp_path):
-    """SIGKILL a training worker mid-run: Ray Train restarts it from the last checkpoint (weights, optimizer,
-    schedule, data position, RNG) and the run ends exactly where the uninterrupted one did."""
-    kill_at = random.randint(9, 20)  # once a checkpoint (step 8 or 16) is registered
+def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache, tmp_path):
+    """Two seeds in one worker group. SIGKILL a worker during the second: Ray Train restarts the group, which
+    skips the finished trial and resumes the second from its last checkpoint (weights, optimizer, schedule,
+    data position, RNG). Each ends exactly where a lone, uninterrupted trial of its seed ends."""
+    kill_at = random.randint(9, 20)  # once a checkpoint (step 8 or 16) of the second trial is registered
     study, reference_dir = runs[("gpt2", 1)]
-    trial = next(t for t in plan_trials(study, tiny_cache, tmp_path, cores=2) if t.arch == "gpt2")
-    thread = threading.Thread(target=fit_trial, args=(trial,))
+    raw = tiny_study_dict(seeds=[1, 0])
+    gpt2 = {t.seed: t for t in plan_trials(parse_study(raw), tiny_cache, tmp_path) if t.arch == "gpt2"}
+    pack = TrialPack((gpt2[1], gpt2[0]))
+    thread = threading.Thread(target=fit_pack, args=(pack,))
     thread.start()
-    log = Path(trial.trial_dir) / METRICS
+    log = Path(gpt2[0].trial_dir) / METRICS
     deadline = time.time() + 300
-    run_dir = Path(trial.storage_path) / trial.run_name
+    run_dir = Path(pack.storage_path) / pack.run_name
     while not (
         log.exists() and read_metrics(log)[-1:] and read_metrics(log)[-1]["step"] >= kill_at
-        and registered_checkpoint_step(run_dir)
+        and registered_checkpoint_trial(run_dir) == gpt2[0].key  # the second trial's, at step 8 or 16
     ):  # fmt: skip
         assert time.time() < deadline and thread.is_alive(), "training never reached the kill step"
         time.sleep(0.05)
@@ -147,9 +148,15 @@ def test_killed_worker_resumes_to_the_identical_result(runs, tiny_cache, tmp_pat
         process.send_signal(signal.SIGKILL)
     thread.join(timeout=300)
 
+    assert restart_points(Path(gpt2[1].trial_dir) / METRICS) == []  # finished before the kill: not rerun
     (restart,) = restart_points(log)
     assert restart in (9, 17), f"killed at step {kill_at}, resumed at {restart}"
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
     reference = [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
     assert resumed == reference, f"killed at step {kill_at}"
-    assert json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())["status"] == "ok"
+    # Each worker group's start-up is charged to the first trial it trains: here the first seed, and the
+    # second, which the restarted group resumed.
+    for trial in pack.trials:
+        result = json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())
+        assert result["status"] == "ok"
+        assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))

@@ -9,6 +9,7 @@ finished results are never recomputed.
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -132,38 +133,76 @@ def gpus_for(job: EvalJob, use_gpu: bool) -> float:
     return 1.0 if parse_suite(job.suite)[0].exclusive_device else SHARED_GPU
 
 
+# Jobs as they arrive, and whether more may come (False once the last trial has finished training).
+Feed = Callable[[], tuple[list[EvalJob], bool]]
+
+
 def evaluate(
     jobs: list[EvalJob], num_actors: int, use_gpu: bool = False, threads: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict[tuple[str, str], str]:  # fmt: skip
     """Run the jobs on eval actors, up to `num_actors` of each GPU share; return {(trial key, suite): error}
     for the failures."""
-    import ray
+    return EvalPool(num_actors, use_gpu, threads, log).serve(lambda: (jobs, False))
 
-    queues: dict[float, list[EvalJob]] = {}
-    for job in jobs:
-        queues.setdefault(gpus_for(job, use_gpu), []).append(job)
-    actor = ray.remote(_EvalActor)
-    running = {}
 
-    def give_work(handle, gpus: float) -> None:
-        if queues[gpus]:
-            running[handle.run.remote(queues[gpus].pop(0))] = (handle, gpus)
+class EvalPool:
+    """Eval actors fed while training goes on: a trial's jobs start as soon as the feed hands them over,
+    on actors beside the trials still training. `serve` returns once the feed is closed and every job
+    it gave has finished."""
 
-    for gpus, queue in queues.items():
-        for _ in range(min(num_actors, len(queue))):
-            give_work(actor.options(num_cpus=threads, num_gpus=gpus).remote(threads), gpus)
-    errors = {}
-    for done in range(1, len(jobs) + 1):
-        [ref], _ = ray.wait(list(running), num_returns=1)
-        handle, gpus = running.pop(ref)
-        key, suite, result = ray.get(ref)
-        status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
-        log(f"  eval {done}/{len(jobs)}: {key} × {suite} in {result['wall_s']:.1f}s: {status}")
-        if result["status"] != "ok":
-            errors[(key, suite)] = result["error"]
-        give_work(handle, gpus)
-    return errors
+    POLL_S = 1.0  # how often the feed is asked for new jobs while others run
+
+    def __init__(self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print):
+        self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
+        self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
+        self.submitted = 0
+
+    def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
+        import ray
+
+        actor = ray.remote(_EvalActor)
+        queues: dict[float, list[EvalJob]] = {}
+        idle: dict[float, list] = {}
+        actors: dict[float, int] = {}
+        running: dict = {}
+        errors, done, more = {}, 0, True
+        while not self.stopping.is_set():
+            if more:
+                jobs, more = feed()
+                self.submitted += len(jobs)
+                for job in jobs:
+                    queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
+            for (
+                gpus,
+                queue,
+            ) in queues.items():  # hand queued jobs to idle actors, starting actors up to the cap
+                while queue and (idle.get(gpus) or actors.get(gpus, 0) < self.num_actors):
+                    if not idle.get(gpus):
+                        idle.setdefault(gpus, []).append(
+                            actor.options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads)
+                        )
+                        actors[gpus] = actors.get(gpus, 0) + 1
+                    handle = idle[gpus].pop()
+                    running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+            if not running:
+                if not more:
+                    break
+                time.sleep(self.POLL_S)
+                continue
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.POLL_S)
+            for ref in ready:
+                handle, gpus = running.pop(ref)
+                idle[gpus].append(handle)
+                key, suite, result = ray.get(ref)
+                done += 1
+                status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
+                self.log(
+                    f"  eval {done}/{self.submitted}: {key} × {suite} in {result['wall_s']:.1f}s: {status}"
+                )
+                if result["status"] != "ok":
+                    errors[(key, suite)] = result["error"]
+        return errors
 
 
 class _EvalActor:

@@ -1,10 +1,11 @@
 """The per-worker training loop: DeepSpeed on a Ray Train worker, fed from the packed-token cache.
 
-Read top to bottom: set up (resuming if a checkpoint exists), then for each optimizer step feed this
-worker's share of global batch `step`, log it, and at the step's end measure validation loss and
-checkpoint when due. Data position is the step number, so a resumed run feeds exactly the batches it had
-not. Precision follows `TrainSpec.resolved_precision`: bf16 runs the forward and backward under
-autocast with fp32 parameters, gradients and optimizer state, as the reference implementations train.
+A worker group trains a pack of trials (train/trial.py), one after another. Read top to bottom: per
+trial, set up (resuming if its checkpoint exists), then for each optimizer step feed this worker's share
+of global batch `step`, log it, and at the step's end measure validation loss and checkpoint when due.
+Data position is the step number, so a resumed run feeds exactly the batches it had not. Precision
+follows `TrainSpec.resolved_precision`: bf16 runs the forward and backward under autocast with fp32
+parameters, gradients and optimizer state, as the reference implementations train.
 """
 
 from __future__ import annotations
@@ -34,13 +35,28 @@ from rayb.models.registry import get_arch
 from rayb.train.collectives import HostCollectives
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
-from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
+from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
 METRICS = "metrics.jsonl"
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    run = _set_up(TrialSpec.from_dict(config["trial"]))
+    """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint."""
+    entered = time.time()
+    pack = TrialPack.from_dict(config["pack"])
+    began = time.perf_counter()
+    _start_worker(pack)
+    # What the worker group cost to start, charged to the first trial it trains.
+    costs = {"worker_start_s": entered - config["launched_at"], "imports_s": time.perf_counter() - began}
+    comm = None
+    for trial in [t for t in pack.trials if not t.done]:
+        comm = train_trial(trial, comm, costs)
+        costs = {}
+
+
+def train_trial(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, float]) -> HostCollectives:
+    """Train one trial to its end (or divergence) on this worker; return the collectives for the next."""
+    run = _set_up(trial, comm, costs)
     status, steps_done = "ok", run.trial.steps
     for step in range(run.start, run.trial.steps):
         if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
@@ -48,6 +64,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             break
         _end_of_step(run, done=step + 1)
     _finish(run, status, steps_done)
+    comm = run.comm
+    del run
+    _release_memory()  # the next trial builds its own model and engine
+    return comm
 
 
 @dataclass
@@ -65,6 +85,7 @@ class _Run:
     params: ParamCount
     kernels: dict[str, str]  # {component: implementation} this worker's model runs
     start: int  # the first step to train (after a resume, the one after the checkpoint)
+    timings: dict[str, float]  # seconds spent outside the steps: start-up, set-up, checkpoints, validation
 
     @property
     def train(self) -> TrainSpec:
@@ -74,17 +95,22 @@ class _Run:
 # ----- set-up ------------------------------------------------------------------------------------------
 
 
-def _set_up(trial: TrialSpec) -> _Run:
+def _start_worker(pack: TrialPack) -> None:
+    """Once per worker group: the accelerator DeepSpeed will use, torch threads, and the imports."""
+    if not pack.train.use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+    torch.set_num_threads(pack.threads)
+    import deepspeed  # noqa: F401  (its import is most of a worker's start-up; timed as such)
+
+
+def _set_up(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, float]) -> _Run:
+    import deepspeed
     import ray.train
 
+    began = time.perf_counter()
     t = trial.train
-    if not t.use_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
-    import deepspeed
-
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(trial.threads)
     _seed_everything(trial.seed)
     cache = TokenCache(Path(trial.cache_dir))
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
@@ -100,24 +126,43 @@ def _set_up(trial: TrialSpec) -> _Run:
     )
     if t.compile:
         engine.compile()  # compiles engine.module in place
-    comm = HostCollectives()  # after deepspeed.initialize: every rank creates groups in the same order
-    start = _resume(engine)
+    # After the first deepspeed.initialize: every rank creates its process groups in the same order.
+    comm = comm or HostCollectives()
+    start = _resume(engine, trial)
     kernels = describe(get_arch(trial.arch).kernels(engine.device.type))
     log = _MetricsLog(Path(trial.trial_dir) / METRICS, enabled=rank == 0)
-    return _Run(trial, engine, scheduler, cache, comm, rank, world, log, params, kernels, start)
+    timings = costs | {"set_up_s": time.perf_counter() - began, "checkpoint_s": 0.0, "validation_s": 0.0}
+    return _Run(trial, engine, scheduler, cache, comm, rank, world, log, params, kernels, start, timings)
 
 
-def _resume(engine) -> int:
-    """Load the latest checkpoint Ray Train has for this run, if any; the step to continue from."""
+def _resume(engine, trial: TrialSpec) -> int:
+    """Load this trial's latest checkpoint, if the run's latest checkpoint is this trial's (in a pack, it
+    may be an earlier trial's); the step to continue from."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
-    if not checkpoint:
+    if not checkpoint or _checkpoint_trial(checkpoint) != trial.key:
         return 0
     with checkpoint.as_directory() as ckpt_dir:
         _, client_state = engine.load_checkpoint(ckpt_dir)
     set_rng_state(client_state["rng"])
     return client_state["step"]
+
+
+def _checkpoint_trial(checkpoint) -> str:
+    """The trial a checkpoint belongs to: its DeepSpeed tag (`<trial key>-step<N>`, in the `latest` file),
+    read from storage without fetching the checkpoint."""
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/latest") as f:
+        tag = f.read().decode().strip()
+    return tag.rpartition("-step")[0]
+
+
+def _release_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def deepspeed_config(t: TrainSpec) -> dict[str, Any]:
@@ -224,13 +269,16 @@ def _end_of_step(run: _Run, done: int) -> None:
     if done % t.eval_every == 0 or done == steps or epoch_end:
         val_loss = _validation_loss(run)
         run.log.write(kind="val", step=done, val_loss=val_loss)
-        _checkpoint(run.engine, done, {"step": done, "val_loss": val_loss})
+        began = time.perf_counter()
+        _checkpoint(run.engine, run.trial, done, {"step": done, "val_loss": val_loss})
+        run.timings["checkpoint_s"] += time.perf_counter() - began
 
 
 @torch.no_grad()
 def _validation_loss(run: _Run, rows: int | None = None) -> float:
     """Loss on a fixed slice of the validation rows (the first `rows`, default eval_batches micro-batches),
     split across ranks and summed."""
+    began = time.perf_counter()
     t, engine, val = run.train, run.engine, run.cache.val
     engine.eval()
     n = min(len(val), rows or t.eval_batches * t.micro_batch)
@@ -240,15 +288,18 @@ def _validation_loss(run: _Run, rows: int | None = None) -> float:
         nll += next_token_nll(engine, ids).item()
         count += ids[:, 1:].numel()
     total_nll, total_count = run.comm.sum([nll, count])
+    run.timings["validation_s"] += time.perf_counter() - began
     return total_nll / total_count
 
 
-def _checkpoint(engine, step: int, metrics: dict[str, float]) -> None:
-    """Every rank saves its DeepSpeed shard and reports it; Ray Train merges the shards in storage."""
+def _checkpoint(engine, trial: TrialSpec, step: int, metrics: dict[str, float]) -> None:
+    """Every rank saves its DeepSpeed shard and reports it; Ray Train merges the shards in storage. The tag
+    names the trial, so a pack's run knows whose its latest checkpoint is."""
     import ray.train
 
     with tempfile.TemporaryDirectory() as tmp:
-        engine.save_checkpoint(tmp, tag=f"step{step}", client_state={"step": step, "rng": rng_state()})
+        state = {"step": step, "rng": rng_state()}
+        engine.save_checkpoint(tmp, tag=f"{trial.key}-step{step}", client_state=state)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -259,8 +310,10 @@ def _finish(run: _Run, status: str, steps_done: int) -> None:
     if run.rank != 0:
         return
     trial_dir = Path(run.trial.trial_dir)
+    began = time.perf_counter()
     if status == "ok":
         _save_model(run.engine.module, trial_dir / "model")
+    run.timings["save_model_s"] = time.perf_counter() - began
     train_log = [r for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
     tail = [r["loss"] for r in train_log[-10:]]
     train_tokens = steps_done * run.train.global_batch * run.cache.seq_len
@@ -279,6 +332,7 @@ def _finish(run: _Run, status: str, steps_done: int) -> None:
             "precision": run.train.resolved_precision,
             "device": run.engine.device.type,
             "kernels": run.kernels,
+            "timings": run.timings,
         },
     )
 

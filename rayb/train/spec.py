@@ -13,6 +13,8 @@ from pydantic import Field, field_validator, model_validator
 from rayb.spec import Spec, added_field
 
 Precision = Literal["fp32", "bf16", "bf16-deepspeed"]
+# Where and how many trials run at once: these never change a trial's result, so no trial key holds them.
+SCHEDULING_FIELDS = ("max_concurrent_trials", "gpus_per_trial")
 
 
 class TrainSpec(Spec):
@@ -60,7 +62,18 @@ class TrainSpec(Spec):
     )
     eval_every: int = Field(default=50, ge=1, description="steps between validation loss and checkpoint")
     eval_batches: int = Field(default=8, ge=1, description="validation micro-batches per interim evaluation")
-    max_concurrent_trials: int | None = Field(default=None, ge=1)
+    max_concurrent_trials: int | None = Field(
+        default=None,
+        ge=1,
+        description="trials (packs of a model's trials) training at once; default: as many as the cluster's "
+        "GPUs (or cores) hold, so a cluster that scales up from zero needs this set to use its new nodes",
+    )
+    gpus_per_trial: float | None = added_field(
+        None,
+        gt=0,
+        description="GPUs one trial holds (GPU only): default one per worker; a fraction such as 0.25 lets "
+        "several small one-worker trials share a GPU through Ray's fractional resources",
+    )
     flops_budget: float | None = Field(
         default=None,
         gt=0,
@@ -91,6 +104,30 @@ class TrainSpec(Spec):
                 f"({self.micro_batch} × {self.num_workers} = {per_step})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _gpu_share(self) -> TrainSpec:
+        share = self.gpus_per_trial
+        if share is None:
+            return self
+        if not self.use_gpu:
+            raise ValueError("gpus_per_trial applies to GPU training: set use_gpu: true, or remove it")
+        if share < 1 and self.num_workers > 1:
+            raise ValueError(
+                f"gpus_per_trial {share} shares a GPU between trials, which needs num_workers: 1 (two ranks of "
+                "one NCCL group cannot share a device)"
+            )
+        if share >= 1 and share != self.num_workers:
+            raise ValueError(
+                f"gpus_per_trial {share}: a trial holds one GPU per worker; set num_workers: {share:g} instead"
+            )
+        return self
+
+    @property
+    def gpus_per_worker(self) -> float:
+        if not self.use_gpu:
+            return 0.0
+        return (self.gpus_per_trial or self.num_workers) / self.num_workers
 
     @property
     def device(self) -> str:

@@ -1,36 +1,44 @@
-"""Ray Train: one TorchTrainer per trial, named after the trial so a relaunch resumes it; and the kernel
-probe a GPU study runs on a GPU worker before it trains."""
+"""Ray Train: one TorchTrainer per pack of trials, named after the pack so a relaunch resumes it; and the
+kernel probe a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rayb.models.kernels import KernelPath
 from rayb.train.loop import train_loop_per_worker
-from rayb.train.trial import TrialSpec
+from rayb.train.trial import TrialPack
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
+ONE_NODE_WORKERS = 8  # a worker group this size or smaller is placed on one node (one 8-GPU machine)
 
 
-def fit_trial(
-    trial: TrialSpec, callbacks: Sequence = (), loop: Callable[[dict[str, Any]], None] = train_loop_per_worker
+def fit_pack(
+    pack: TrialPack, callbacks: Sequence = (), loop: Callable[[dict[str, Any]], None] = train_loop_per_worker
 ) -> None:
-    """Train one trial. `loop` is the per-worker function (rayb's; a test may wrap it)."""
+    """Train a pack's trials on one worker group. `loop` is the per-worker function (rayb's; a test may wrap it)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    t = trial.train
+    t = pack.train
+    resources = {"CPU": 1} | ({"GPU": t.gpus_per_worker} if t.use_gpu else {})
     trainer = TorchTrainer(
         loop,
-        train_loop_config={"trial": trial.to_dict()},
+        # When the driver asked for the group: the loop reports how long the group took to start.
+        train_loop_config={"pack": pack.to_dict(), "launched_at": time.time()},
         torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker={"CPU": 1}
-        ),
+            num_workers=t.num_workers,
+            use_gpu=t.use_gpu,
+            resources_per_worker=resources,
+            # NCCL within a node runs over NVLink; across nodes, over the network.
+            placement_strategy="STRICT_PACK" if t.num_workers <= ONE_NODE_WORKERS else "PACK",
+        ),  # fmt: skip
         run_config=RunConfig(
-            name=trial.run_name,
-            storage_path=trial.storage_path,
+            name=pack.run_name,
+            storage_path=pack.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
             callbacks=list(callbacks),

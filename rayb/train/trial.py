@@ -1,4 +1,5 @@
-"""One trial: a (model, learning rate, seed) cell of a study, and where its outputs live."""
+"""One trial: a (model, learning rate, seed) cell of a study, and where its outputs live; and a pack, the
+trials one Ray Train worker group trains one after another (see `rayb.tune.packs`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rayb.files import digest
 from rayb.train.spec import TrainSpec
 
 TRAIN_DONE = "train_result.json"  # written last by the training loop: its presence means "trained"
@@ -25,7 +27,6 @@ class TrialSpec:
     cache_dir: str
     trial_dir: str
     storage_path: str  # Ray Train storage for DeepSpeed checkpoints
-    threads: int = 1
     train_flops_per_token: float = 0.0  # the model's analytic (or measured) training FLOPs per token
     init_from: dict[str, Any] | None = None  # a Checkpoint (models/pretrained.py) to start from
 
@@ -45,6 +46,42 @@ class TrialSpec:
     @property
     def done(self) -> bool:
         return (Path(self.trial_dir) / TRAIN_DONE).exists()
+
+
+@dataclass(frozen=True)
+class TrialPack:
+    """Trials of one model and shape, trained in order by one worker group: the group's start-up (its
+    processes, imports, process group) is paid once, and each trial still has its own files."""
+
+    trials: tuple[TrialSpec, ...]
+    threads: int = 1  # torch threads per worker
+
+    @property
+    def train(self) -> TrainSpec:
+        return self.trials[0].train
+
+    @property
+    def pending(self) -> list[TrialSpec]:
+        return [t for t in self.trials if not t.done]
+
+    @property
+    def storage_path(self) -> str:
+        return self.trials[0].storage_path
+
+    @property
+    def run_name(self) -> str:
+        """The Ray Train run's name: stable across relaunches, so the run finds its latest checkpoint."""
+        first = self.trials[0]
+        if len(self.trials) == 1:
+            return first.run_name
+        return f"{first.model}-pack-{digest([t.key for t in self.trials], length=12)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": [t.to_dict() for t in self.trials], "threads": self.threads}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrialPack:
+        return cls(tuple(TrialSpec.from_dict(t) for t in values["trials"]), values["threads"])
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

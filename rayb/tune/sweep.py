@@ -1,8 +1,8 @@
-"""Ray Tune: every (model × learning rate × seed) trial of a study is one Tune trial.
+"""Ray Tune: every pack of trials (a model's seeds and learning rates, see packs.py) is one Tune trial.
 
-Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`). Results are
-not taken from Tune: every trial writes its own files (see `rayb.train.trial`), so a crashed sweep
-loses nothing and a rerun launches only the trials that have not finished.
+Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`), which trains
+the pack's trials one after another. Results are not taken from Tune: every trial writes its own files
+(see `rayb.train.trial`), so a crashed sweep loses nothing and a rerun trains only unfinished trials.
 """
 
 from __future__ import annotations
@@ -10,33 +10,36 @@ from __future__ import annotations
 from pathlib import Path
 
 from rayb.files import digest
-from rayb.train.trainer import fit_trial
-from rayb.train.trial import TrialSpec
+from rayb.train.trainer import fit_pack
+from rayb.train.trial import TrialPack
 
 
 def _trainable(config: dict) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    fit_trial(TrialSpec.from_dict(config["trial"]), callbacks=[TuneReportCallback()])
+    fit_pack(TrialPack.from_dict(config["pack"]), callbacks=[TuneReportCallback()])
 
 
-def run_trials(trials: list[TrialSpec], storage_path: Path, max_concurrent: int) -> dict[str, str]:
-    """Run the trials; return {trial key: error message} for those that failed."""
+def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -> dict[str, str]:
+    """Train the packs' unfinished trials; return {trial key: error message} for those that failed."""
     from ray import tune
 
     tuner = tune.Tuner(
         _trainable,
-        param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        param_space={"pack": tune.grid_search([p.to_dict() for p in packs])},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
-            # Named by the set of pending trials: a rerun with other pending trials never collides.
-            name=f"sweep-{digest(sorted(t.key for t in trials))}",
+            # Named by the set of packs: a rerun with other pending trials never collides.
+            name=f"sweep-{digest(sorted(t.key for p in packs for t in p.trials))}",
             storage_path=str(storage_path),
             verbose=0,
         ),
     )
     errors = {}
     for result in tuner.fit():
-        if result.error is not None:
-            errors[result.config["trial"]["key"]] = f"{type(result.error).__name__}: {result.error}"
+        if result.error is not None:  # the pack stopped: its unfinished trials failed with it
+            pack = TrialPack.from_dict(result.config["pack"])
+            errors |= {
+                t.key: f"{type(result.error).__name__}: {result.error}" for t in pack.trials if not t.done
+            }
     return errors

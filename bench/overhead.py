@@ -1,0 +1,144 @@
+"""What orchestration costs: rayb against a plain single-process loop doing the same training, in one run.
+
+rayb trains through Ray Tune, Ray Train and DeepSpeed, then evaluates and reports. The plain loop is
+rayb's reverse test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule,
+scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
+only the `lm` suite, for one seed and for N seeds, from a token cache already built (data preparation is
+timed on its own, from nothing).
+
+    python bench/overhead.py                  # 1 and 3 seeds (about 6 minutes on 2 cores)
+    python bench/overhead.py --seeds 5 --smoke  # also the whole smoke study from nothing, timed
+
+Targets (issue 15): rayb ≤ 1.3× the plain loop; fixed cost ≤ 10 s per trial; data preparation ≤ 15 s;
+the smoke study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op, rayb's fused Mamba
+scan) are done and timed first, and printed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+PARTS = ("worker_start_s", "imports_s", "set_up_s", "checkpoint_s", "validation_s", "save_model_s")
+
+
+def one_time_builds() -> dict[str, float]:
+    """Build (or load from the cache) the compiled ops a first trial would build, timed."""
+    code = {
+        "DeepSpeed shm op": "import os; os.environ['DS_ACCELERATOR']='cpu'; "
+        "from deepspeed.comm.torch import build_shm_op; build_shm_op()",
+        "rayb fused Mamba scan": "from rayb.models.mamba_cpu import kernel; kernel()",
+    }
+    return {name: _timed([sys.executable, "-c", source])[0] for name, source in code.items()}
+
+
+def _timed(command: list[str], cwd: Path | None = None) -> tuple[float, str]:
+    began = time.perf_counter()
+    done = subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, env=os.environ | {"RAY_DEDUP_LOGS": "1"}
+    )
+    wall = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    return wall, done.stdout
+
+
+def study_file(work: Path, name: str, seeds: int) -> Path:
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw |= {"name": name, "seeds": seeds, "eval": ["lm"], "models": raw["models"][:1]}
+    raw.pop("eval_options", None)
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
+    """`rayb run` as a user runs it, on a copy of an already built token cache; its wall time and trials."""
+    shutil.copytree(cache_from, out / "cache")
+    wall, _ = _timed([sys.executable, "-m", "rayb.cli", "run", str(study), "--output", str(out)])
+    (study_dir,) = (out / "studies").iterdir()
+    trials = [json.loads(p.read_text()) for p in sorted((out / "trials").glob("*/train_result.json"))]
+    stages = json.loads((study_dir / "timings.json").read_text())
+    groups = stages.pop("groups_at_once")
+    return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups}
+
+
+def plain_loop(study_dir: Path, threads: int) -> float:
+    wall, _ = _timed([sys.executable, str(ROOT / "bench" / "reverse_test.py"), str(study_dir), "--all-seeds",
+                      "--threads", str(threads)])  # fmt: skip
+    return wall
+
+
+def report(label: str, run: dict, plain: float) -> None:
+    trials = run["trials"]
+    steps = sum(t["wall_s"] for t in trials)
+    print(
+        f"\n{label}: rayb {run['wall_s']:.1f} s, plain loop {plain:.1f} s: {run['wall_s'] / plain:.2f}× (target ≤ 1.3×)"
+    )
+    print(f"  training steps {steps:.1f} s over {len(trials)} trial(s); rayb's stages: "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in run["stages"].items()))  # fmt: skip
+    fixed = (run["wall_s"] - steps / max(1, run["groups"])) / len(trials)
+    print(
+        f"  fixed cost per trial: {fixed:.1f} s (wall minus the steps on the critical path, per trial; target ≤ 10 s)"
+    )
+    for i, t in enumerate(trials):
+        parts = t.get("timings", {})
+        print(
+            f"  trial {i}: "
+            + ", ".join(f"{k.removesuffix('_s')} {parts[k]:.2f} s" for k in PARTS if k in parts)
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="seeds in the N-seed comparison")
+    parser.add_argument("--smoke", action="store_true", help="also time the whole smoke study from nothing")
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="rayb-overhead-"))
+    threads = os.cpu_count() or 1
+
+    builds = one_time_builds()
+    print("one-time builds (cached after): " + ", ".join(f"{k} {v:.1f} s" for k, v in builds.items()))
+
+    one, many = study_file(work, "one", 1), study_file(work, f"seeds{args.seeds}", args.seeds)
+    prep_wall, _ = _timed(
+        [sys.executable, "-m", "rayb.cli", "data", "prepare", str(one), "--output", str(work / "prep")]
+    )
+    (cache,) = (work / "prep" / "cache" / "data").iterdir()
+    build_s = json.loads((cache / "manifest.json").read_text())["build_s"]
+    print(f"data preparation of the smoke corpus: {build_s:.1f} s building the cache, {prep_wall:.1f} s as a "
+          "process with Ray's start (target ≤ 15 s)")  # fmt: skip
+
+    for label, study in (("1 seed", one), (f"{args.seeds} seeds", many)):
+        run = rayb_run(study, work / label.replace(" ", "-"), work / "prep" / "cache")
+        report(label, run, plain_loop(run["study_dir"], threads))
+
+    if args.smoke:
+        wall, _ = _timed(
+            [sys.executable, "-m", "rayb.cli", "run", str(SMOKE), "--output", str(work / "smoke")]
+        )
+        print(
+            f"\nsmoke study from nothing (data, 6 trials, every suite, report): {wall / 60:.1f} min (target ≤ 4)"
+        )
+    print(f"\nwork directory: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

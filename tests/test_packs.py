@@ -1,0 +1,112 @@
+"""Which trials share a worker group, and how many groups train at once (pure logic, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_study_dict
+
+from rayb.study import StudyError, parse_study
+from rayb.train.spec import TrainSpec
+from rayb.train.trial import TrialPack, TrialSpec
+from rayb.tune.packs import pack_trials, split_groups, trial_slots
+
+
+def _trials(models=("gpt2", "mamba"), lrs=(3e-3,), seeds=(0, 1, 2), **train) -> list[TrialSpec]:
+    spec = TrainSpec(lr=list(lrs), **train)
+    return [
+        TrialSpec(key=f"{m}-{lr}-{s}", model=m, arch=m, model_config={"d_model": 32}, lr=lr, seed=s,
+                  train=spec, steps=24, cache_dir="c", trial_dir=f"/nonexistent/{m}-{lr}-{s}", storage_path="r")
+        for m in models for lr in lrs for s in seeds
+    ]  # fmt: skip
+
+
+def test_a_models_seeds_and_learning_rates_share_one_worker_group():
+    packs = pack_trials(_trials(lrs=(1e-3, 3e-3)), slots=1, cores=2)
+    assert [[t.key for t in p.trials] for p in packs] == [
+        [f"gpt2-{lr}-{s}" for lr in (1e-3, 3e-3) for s in (0, 1, 2)],
+        [f"mamba-{lr}-{s}" for lr in (1e-3, 3e-3) for s in (0, 1, 2)],
+    ]
+    assert {p.threads for p in packs} == {2}  # one group at a time has both cores
+
+
+def test_packs_split_only_to_fill_idle_slots():
+    assert [len(p.trials) for p in pack_trials(_trials(), slots=2, cores=2)] == [3, 3]
+    assert [len(p.trials) for p in pack_trials(_trials(), slots=4, cores=8)] == [2, 1, 2, 1]
+    assert [len(p.trials) for p in pack_trials(_trials(), slots=100, cores=2)] == [1] * 6
+    one_model = pack_trials(_trials(models=("gpt2",)), slots=2, cores=2)
+    assert [[t.seed for t in p.trials] for p in one_model] == [[0, 1], [2]]
+    assert {p.threads for p in one_model} == {1}  # two groups at once share the two cores
+    assert split_groups([[1, 2, 3, 4, 5]], 3) == [[1, 2], [3, 4], [5]]
+    # Further cuts go where the packs are largest, so no model's packs run far longer than another's.
+    assert [len(p) for p in split_groups([[0] * 10, [1] * 10, [2] * 10], 8)] == [4, 3, 3, 4, 3, 3, 5, 5]
+
+
+def test_models_of_another_shape_never_share_a_group():
+    a = _trials(models=("gpt2",), seeds=(0,))
+    b = [TrialSpec(**{**t.__dict__, "key": "wide", "model_config": {"d_model": 64}}) for t in a]
+    assert len(pack_trials(a + b, slots=1, cores=1)) == 2
+
+
+def test_a_packs_run_name_is_stable_and_a_single_trial_keeps_its_own():
+    trials = _trials(models=("gpt2",))
+    assert TrialPack(tuple(trials)).run_name == TrialPack(tuple(_trials(models=("gpt2",)))).run_name
+    assert TrialPack(tuple(trials)).run_name != TrialPack(tuple(trials[:2])).run_name
+    assert TrialPack((trials[0],)).run_name == trials[0].run_name
+    pack = TrialPack(tuple(trials), threads=3)
+    assert TrialPack.from_dict(pack.to_dict()) == pack
+
+
+def test_slots_come_from_devices_and_gpu_shares():
+    assert trial_slots(TrainSpec(), devices=2) == 2
+    assert trial_slots(TrainSpec(num_workers=2, global_batch=32), devices=5) == 2
+    assert trial_slots(TrainSpec(use_gpu=True), devices=8) == 8
+    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.25), devices=8) == 32
+    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.3), devices=1) == 3
+    assert trial_slots(TrainSpec(use_gpu=True, num_workers=8, global_batch=64), devices=4) == 1
+    assert trial_slots(TrainSpec(max_concurrent_trials=3), devices=64) == 3
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"gpus_per_trial": 0.5}, "set use_gpu: true"),
+        ({"use_gpu": True, "num_workers": 2, "gpus_per_trial": 0.5}, "needs num_workers: 1"),
+        ({"use_gpu": True, "gpus_per_trial": 2}, "set num_workers: 2 instead"),
+    ],
+)
+def test_a_gpu_share_that_cannot_be_placed_is_refused(train, message):
+    raw = tiny_study_dict()
+    raw["train"] |= train
+    with pytest.raises(StudyError, match=message):
+        parse_study(raw)
+
+
+def test_scheduling_settings_leave_trial_keys_alone():
+    base = tiny_study_dict()
+    shared = tiny_study_dict()
+    shared["train"] |= {"use_gpu": True, "gpus_per_trial": 0.25, "max_concurrent_trials": 4}
+    gpu = tiny_study_dict()
+    gpu["train"] |= {"use_gpu": True}
+    a, b, c = (parse_study(s) for s in (base, shared, gpu))
+    assert b.trial_key(b.models[0], 3e-3, 0, "data") == c.trial_key(c.models[0], 3e-3, 0, "data")
+    assert a.trial_key(a.models[0], 3e-3, 0, "data") != c.trial_key(c.models[0], 3e-3, 0, "data")
+
+
+def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from rayb.cli import app
+    from rayb.plan import plan_study
+
+    raw = tiny_study_dict(seeds=10)
+    raw["train"] |= {"use_gpu": True, "gpus_per_trial": 0.25}
+    plan = plan_study(parse_study(raw), peak_flops=312e12, mfu=0.4)
+    packing = plan.packing(gpus=1)
+    assert packing.slots == 4 and packing.groups == {"gpt2": [5, 5], "mamba": [5, 5]}
+    assert plan.packing(gpus=8).groups == {"gpt2": [1] * 10, "mamba": [1] * 10}  # 32 slots: one trial each
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "study.yaml"), "--gpus", "1"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "gpt2: 10 trials in 2 worker groups" in text and "4 groups at once (4 fit, 4 to a GPU)" in text
