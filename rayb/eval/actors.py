@@ -157,43 +157,31 @@ class EvalPool:
         self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
+        self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
+        self._idle: dict[float, list] = {}  # per GPU share: actors with nothing to do
+        self._started: dict[float, int] = {}  # per GPU share: actors started so far
+        self._running: dict = {}  # result ref -> (actor, GPU share)
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
 
-        actor = ray.remote(_EvalActor)
-        queues: dict[float, list[EvalJob]] = {}
-        idle: dict[float, list] = {}
-        actors: dict[float, int] = {}
-        running: dict = {}
         errors, done, more = {}, 0, True
         while not self.stopping.is_set():
             if more:
                 jobs, more = feed()
                 self.submitted += len(jobs)
                 for job in jobs:
-                    queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
-            for (
-                gpus,
-                queue,
-            ) in queues.items():  # hand queued jobs to idle actors, starting actors up to the cap
-                while queue and (idle.get(gpus) or actors.get(gpus, 0) < self.num_actors):
-                    if not idle.get(gpus):
-                        idle.setdefault(gpus, []).append(
-                            actor.options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads)
-                        )
-                        actors[gpus] = actors.get(gpus, 0) + 1
-                    handle = idle[gpus].pop()
-                    running[handle.run.remote(queue.pop(0))] = (handle, gpus)
-            if not running:
+                    self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
+            self._dispatch()
+            if not self._running:
                 if not more:
                     break
                 time.sleep(self.POLL_S)
                 continue
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.POLL_S)
+            ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.POLL_S)
             for ref in ready:
-                handle, gpus = running.pop(ref)
-                idle[gpus].append(handle)
+                handle, gpus = self._running.pop(ref)
+                self._idle[gpus].append(handle)
                 key, suite, result = ray.get(ref)
                 done += 1
                 status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
@@ -203,6 +191,22 @@ class EvalPool:
                 if result["status"] != "ok":
                     errors[(key, suite)] = result["error"]
         return errors
+
+    def _dispatch(self) -> None:
+        """Hand queued jobs to idle actors, starting actors up to `num_actors` per GPU share."""
+        for gpus, queue in self._queues.items():
+            idle = self._idle.setdefault(gpus, [])
+            while queue and (idle or self._started.get(gpus, 0) < self.num_actors):
+                if not idle:
+                    idle.append(self._actor(gpus))
+                    self._started[gpus] = self._started.get(gpus, 0) + 1
+                handle = idle.pop()
+                self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+
+    def _actor(self, gpus: float):
+        import ray
+
+        return ray.remote(_EvalActor).options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads)
 
 
 class _EvalActor:
