@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rayb.data.cache import micro_batch_rows, row_digest, unigram_entropy
-from rayb.data.packing import Packer, split_rows
+from rayb.data.packing import row_blocks, split_rows
 from rayb.train.schedule import lr_multiplier
 
 
@@ -17,22 +17,36 @@ def _docs(n: int, seed: int = 0) -> list[np.ndarray]:
     return [rng.integers(1, 100, size=rng.integers(1, 40)) for _ in range(n)]
 
 
-def test_packer_keeps_every_token_in_order():
-    docs = _docs(50)
-    rows = Packer(seq_len=16, eos_id=0).add(docs)
-    stream = np.concatenate([np.append(d, 0) for d in docs])
-    assert rows.shape[1] == 16
-    np.testing.assert_array_equal(rows.ravel(), stream[: rows.size])
+def _stream(docs: list[np.ndarray], eos: int = 0) -> np.ndarray:
+    return np.concatenate([np.append(d, eos) for d in docs])
+
+
+def _place(stretches: list[np.ndarray], seq_len: int, rows: int) -> np.ndarray:
+    """Rows built the way the cache tasks build them: each stretch placed by its offset alone."""
+    out = np.full((rows, seq_len), -1)
+    offset = 0
+    for stretch in stretches:
+        for first, column, block in row_blocks(stretch[: max(0, rows * seq_len - offset)], offset, seq_len):
+            out[first : first + len(block), column : column + block.shape[1]] = block
+        offset += len(stretch)
+    return out
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 50])
-def test_packing_does_not_depend_on_batching(chunk):
+def test_placed_stretches_are_the_stream_cut_into_rows_however_documents_are_split(chunk):
     docs = _docs(50)
-    whole = Packer(16, 0).add(docs)
-    packer = Packer(16, 0)
-    pieces = [packer.add(docs[i : i + chunk]) for i in range(0, len(docs), chunk)]
-    np.testing.assert_array_equal(np.concatenate(pieces), whole)
-    assert packer.pending < 16
+    stream = _stream(docs)
+    rows = len(stream) // 16
+    stretches = [_stream(docs[i : i + chunk]) for i in range(0, len(docs), chunk)]
+    np.testing.assert_array_equal(_place(stretches, 16, rows), stream[: rows * 16].reshape(rows, 16))
+
+
+def test_row_blocks_give_whole_rows_as_one_block_and_shared_rows_in_parts():
+    blocks = list(row_blocks(np.arange(40), offset=10, seq_len=16))
+    assert [(first, column, block.shape) for first, column, block in blocks] == [
+        (0, 10, (1, 6)), (1, 0, (2, 16)), (3, 0, (1, 2)),
+    ]  # fmt: skip
+    assert list(row_blocks(np.arange(0), offset=5, seq_len=16)) == []
 
 
 def test_split_rows_is_exact():

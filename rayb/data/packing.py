@@ -1,37 +1,33 @@
 """Packing: concatenate documents (each ended by EOS) and cut the stream into fixed-length rows.
 
-Packing runs on the ordered token stream with a carry-over buffer, so the rows depend only on the
-document order, never on how documents happened to be batched upstream.
+A source's packed stream is its documents' tokens, each followed by EOS, in document order; row r is
+stream[r·L, (r+1)·L). Tasks tokenize stretches of documents on their own, so each stretch is placed by
+its offset in the stream (the token counts of the stretches before it): the rows depend only on the
+document order, never on how documents were split among tasks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 import numpy as np
 
 
-class Packer:
-    def __init__(self, seq_len: int, eos_id: int):
-        self.seq_len = seq_len
-        self.eos = np.array([eos_id], dtype=np.int64)
-        self._carry = np.zeros(0, dtype=np.int64)
-
-    def add(self, docs: Iterable[np.ndarray]) -> np.ndarray:
-        """Append documents; return every row completed so far, shape (k, seq_len)."""
-        parts = [self._carry]
-        for doc in docs:
-            parts.append(np.asarray(doc, dtype=np.int64))
-            parts.append(self.eos)
-        stream = np.concatenate(parts)
-        n = len(stream) // self.seq_len
-        self._carry = stream[n * self.seq_len :]
-        return stream[: n * self.seq_len].reshape(n, self.seq_len)
-
-    @property
-    def pending(self) -> int:
-        """Tokens waiting for the next row (dropped if the stream ends here)."""
-        return len(self._carry)
+def row_blocks(tokens: np.ndarray, offset: int, seq_len: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Cut a stretch of the stream that starts at stream position `offset` into the parts of rows it
+    fills: (first row, first column, block of shape (rows, width)). Whole rows come as one block; a
+    row the stretch shares with its neighbours comes as a partial one."""
+    position, end = offset, offset + len(tokens)
+    while position < end:
+        row, column = divmod(position, seq_len)
+        if column or end - position < seq_len:
+            width = min(seq_len - column, end - position)
+            rows = 1
+        else:
+            width, rows = seq_len, (end - position) // seq_len
+        start = position - offset
+        yield row, column, tokens[start : start + rows * width].reshape(rows, width)
+        position += rows * width
 
 
 def split_rows(total: int, weights: list[float]) -> list[int]:

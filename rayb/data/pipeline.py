@@ -1,19 +1,22 @@
 """The data step on Ray Data: read parquet, tokenize in parallel, pack, mix by weight, split, cache.
 
-This is the only data module that knows about Ray. Ray Data reads and tokenizes each source in
-parallel, in document order (`preserve_order`); the driver packs the ordered stream into rows and
-places them in a memory-mapped cache (see `cache.py`). The mix is exact by construction: source i
-contributes round(w_i · rows) packed rows, and one seeded permutation scatters them through the
-training set. Each source stops being read once it has delivered its rows, so a hub-sized source
-costs only the tokens the budget asks for.
+This is the only data module that knows about Ray. Each source's parquet row groups are cut into units
+of documents; Ray Data tasks tokenize the units and save each one's stretch of the packed stream, then
+place the stretches into the memory-mapped cache (see `cache.py`) by their offsets in the stream. The
+driver sees token counts only, so its memory does not grow with the corpus. The mix is exact by
+construction: source i contributes round(w_i * rows) packed rows, and one seeded permutation scatters
+them through the training set. Each source stops being read once it has delivered its rows, so a
+hub-sized source costs only the tokens the budget asks for.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ from tokenizers import Tokenizer
 from rayb.data import held_out
 from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
 from rayb.data.held_out import HELD_OUT_DIR
-from rayb.data.packing import Packer, split_rows
+from rayb.data.packing import row_blocks, split_rows
 from rayb.data.sources import ResolvedSource, resolve
 from rayb.data.spec import DataSpec
 from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
@@ -34,7 +37,7 @@ from rayb.files import atomic_directory, digest
 
 CACHE_FORMAT_VERSION = 1
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
-TOKENIZE_BATCH_DOCS = 256
+STREAM_DIR = "streams"  # the units' stretches of the packed stream, while the cache is built
 
 
 class SourceTooSmall(ValueError):
@@ -58,12 +61,11 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
         return TokenCache(out)
 
     started = time.perf_counter()
-    for source in spec.sources:
-        check_shards(resolved[source.name], source.text_column)
+    units = [list_units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
     tokenizer_dir = _tokenizer(spec, resolved, cache_root)
     with atomic_directory(out) as scratch:
         shutil.copytree(tokenizer_dir, scratch.path / "tokenizer")
-        manifest = _write_rows(spec, resolved, scratch.path)
+        manifest = _write_rows(spec, resolved, units, scratch.path)
         manifest.update(
             key=key, tokenizer_source=spec.tokenizer, build_s=round(time.perf_counter() - started, 2)
         )
@@ -75,20 +77,6 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
 def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:
     content = {name: r.fingerprint for name, r in resolved.items()}
     return digest({"spec": spec.hashed(), "content": content, "format": CACHE_FORMAT_VERSION})
-
-
-def check_shards(source: ResolvedSource, column: str) -> None:
-    """Read every shard's footer up front: a corrupt file or a missing column fails here, by name,
-    instead of as a remote task error halfway through tokenizing."""
-    for path in source.paths:
-        try:
-            schema = pq.ParquetFile(path, filesystem=source.filesystem).schema_arrow
-        except (OSError, pa.ArrowException) as exc:
-            raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
-        if column not in _columns(schema):
-            raise BadShard(
-                f"parquet shard {path} has no text column '{column}'; its columns: {_columns(schema)}"
-            )
 
 
 def _columns(fields: pa.Schema | pa.StructType, prefix: str = "") -> list[str]:
@@ -150,98 +138,185 @@ def _held_out(spec: DataSpec, resolved: dict[str, ResolvedSource], cache: TokenC
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
+UNIT_DOCS = 1024  # documents one tokenize task reads: about a megabyte of web text, under a second
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A tokenize task's share of a source: rows [start, stop) of one parquet row group."""
+
+    source: int  # index into the study's sources
+    path: str
+    row_group: int
+    start: int
+    stop: int
+
+
+def list_units(index: int, source: ResolvedSource, column: str) -> list[Unit]:
+    """Every shard's row groups, cut into units of UNIT_DOCS documents, in document order. Reading the
+    footers also checks each shard: a corrupt file or a missing column fails here, by name, instead of
+    as a remote task error halfway through tokenizing."""
+    units = []
+    for path in source.paths:
+        try:
+            shard = pq.ParquetFile(path, filesystem=source.filesystem)
+        except (OSError, pa.ArrowException) as exc:
+            raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
+        if column not in _columns(shard.schema_arrow):
+            raise BadShard(
+                f"parquet shard {path} has no text column '{column}'; its columns: {_columns(shard.schema_arrow)}"
+            )
+        for group in range(shard.num_row_groups):
+            rows = shard.metadata.row_group(group).num_rows
+            units += [
+                Unit(index, path, group, a, min(a + UNIT_DOCS, rows)) for a in range(0, rows, UNIT_DOCS)
+            ]
+    return units
+
+
+def _write_rows(
+    spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path
+) -> dict:
+    """Tokenize, pack and place every source's rows in tasks; the driver sees token counts only."""
+    tokenizer = load_tokenizer(tmp / "tokenizer")
+    vocab = len(tokenizer)
+    dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32).name
+    weights = [s.weight for s in spec.sources]
+    rows = list(zip(split_rows(spec.train_rows, weights), split_rows(spec.val_rows, weights), strict=True))
+    need = [t + v for t, v in rows]
+    stretches = _tokenized(spec, resolved, units, tmp, tokenizer.eos_token_id, dtype, need)
+    shapes = {"train": (spec.train_rows, spec.seq_len), "val": (spec.val_rows, spec.seq_len)}
+    for split, shape in shapes.items():
+        np.memmap(tmp / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
+    jobs, train_at, val_at = [], 0, 0
+    for (n_train, n_val), source_stretches in zip(rows, stretches, strict=True):
+        offset, end = 0, (n_train + n_val) * spec.seq_len
+        for file, length in source_stretches:
+            if offset >= end:
+                break
+            jobs.append({"file": file, "offset": offset, "length": min(length, end - offset),
+                         "val_rows": n_val, "val_at": val_at, "train_at": train_at})  # fmt: skip
+            offset += length
+        train_at, val_at = train_at + n_train, val_at + n_val
+    # One seeded permutation places every source's training rows through the training set.
+    slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
+    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab)
+    shutil.rmtree(tmp / STREAM_DIR)
+    return {
+        "format": CACHE_FORMAT_VERSION,
+        "seq_len": spec.seq_len,
+        "vocab_size": vocab,
+        "eos_id": tokenizer.eos_token_id,
+        "dtype": dtype,
+        "train_rows": spec.train_rows,
+        "val_rows": spec.val_rows,
+        "train_tokens": spec.train_rows * spec.seq_len,
+        "sources": {
+            s.name: {"train_rows": t, "val_rows": v, "weight": s.weight}
+            for s, (t, v) in zip(spec.sources, rows, strict=True)
+        },  # fmt: skip
+        "unigram_entropy_nats": unigram_entropy(sum(r["counts"] for r in written)),
+    }
+
+
+def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path,
+               eos_id: int, dtype: str, need_rows: list[int]) -> list[list[tuple[str, int]]]:  # fmt: skip
+    """Tokenize each source's units, in rounds, until it holds the packed rows its weight asks for; per
+    source, its (stream file, tokens) in document order. A source stops being read once it has enough,
+    so a hub-sized source costs only the tokens the budget asks for: the first round reads one unit of
+    each, the next as many as its token rate says are still missing (and a quarter more)."""
+    (tmp / STREAM_DIR).mkdir()
+    pending = list(units)
+    done: list[list[tuple[str, int]]] = [[] for _ in spec.sources]
+    while short := [
+        i for i, need in enumerate(need_rows) if _tokens(done[i]) < need * spec.seq_len and pending[i]
+    ]:
+        batch = []
+        for i in short:
+            missing = need_rows[i] * spec.seq_len - _tokens(done[i])
+            take = 1 if not done[i] else math.ceil(1.25 * missing * len(done[i]) / _tokens(done[i]))
+            batch += pending[i][:take]
+            pending[i] = pending[i][take:]
+        items = [{"unit": n + sum(map(len, done)), **asdict(u)} for n, u in enumerate(batch)]
+        results = {int(r["unit"]): int(r["tokens"]) for r in _in_tasks(
+            _tokenize_unit, items, tuple(resolved[s.name].filesystem for s in spec.sources),
+            tuple(s.text_column for s in spec.sources), str(tmp / "tokenizer"), eos_id, dtype, str(tmp / STREAM_DIR),
+        )}  # fmt: skip
+        for item, unit in zip(items, batch, strict=True):
+            done[unit.source].append((str(tmp / STREAM_DIR / f"{item['unit']}.npy"), results[item["unit"]]))
+    for source, need, stretches in zip(spec.sources, need_rows, done, strict=True):
+        if _tokens(stretches) < need * spec.seq_len:
+            packed = _tokens(stretches) // spec.seq_len * spec.seq_len
+            raise SourceTooSmall(
+                f"data source '{source.name}' ({source.uri}) holds {packed:,} tokens after packing, but its "
+                f"weight asks for {need * spec.seq_len:,} (train + validation); lower data.token_budget, change "
+                "its weight, or add documents"
+            )
+    return done
+
+
+def _tokens(stretches: list[tuple[str, int]]) -> int:
+    return sum(length for _, length in stretches)
+
+
+def _cores() -> int:
+    from rayb.runtime import compute_cores
+
+    return compute_cores(False)
+
+
 @functools.lru_cache(maxsize=4)
 def _fast_tokenizer(tokenizer_dir: str) -> Tokenizer:
     # The bare Rust tokenizer: loads in milliseconds and avoids importing transformers in Ray workers.
     return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
 
 
-def _tokenize(batch: pa.Table, tokenizer_dir: str, column: str) -> pa.Table:
-    """Ray Data task: a batch of documents in, their token lists out (same order)."""
-    texts = [t or "" for t in text_values(batch, column)]
-    encodings = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
-    return pa.table({"ids": pa.array([e.ids for e in encodings], type=pa.list_(pa.int32()))})
+def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_dir: str, eos_id: int,
+                   dtype: str, out: str) -> dict:  # fmt: skip
+    """Ray Data task: read a unit's documents, tokenize them, end each with EOS, and save the unit's
+    stretch of the packed stream to `out/<unit>.npy`; return its length."""
+    column = columns[unit["source"]]
+    shard = pq.ParquetFile(unit["path"], filesystem=filesystems[unit["source"]])
+    table = shard.read_row_group(unit["row_group"], columns=[column.split(".")[0]])
+    texts = [t or "" for t in text_values(table.slice(unit["start"], unit["stop"] - unit["start"]), column)]
+    docs = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
+    stream = np.array([t for doc in docs for t in (*doc.ids, eos_id)], dtype=dtype)
+    np.save(Path(out) / f"{unit['unit']}.npy", stream)
+    return {"unit": unit["unit"], "tokens": len(stream)}
 
 
-def _token_stream(source: ResolvedSource, column: str, tokenizer_dir: Path):
-    """Yield lists of per-document token arrays, in document order."""
+def _write_stretch(
+    job: dict, slots: np.ndarray, cache_dir: str, shapes: dict, dtype: str, vocab: int
+) -> dict:
+    """Ray Data task: place a unit's stretch of a source's stream into its rows of the cache. The
+    source's first `val_rows` rows go to val.bin from row `val_at`; the rest to their shuffled training
+    slots. Returns the token counts of the training rows it wrote (for the unigram entropy)."""
+    cache = {split: np.memmap(Path(cache_dir) / f"{split}.bin", dtype=dtype, mode="r+", shape=shape)
+             for split, shape in shapes.items()}  # fmt: skip
+    n_val, val_at, train_at = job["val_rows"], job["val_at"], job["train_at"]
+    counts = np.zeros(vocab, dtype=np.int64)
+    tokens = np.load(job["file"])[: job["length"]]
+    for first, column, block in row_blocks(tokens, job["offset"], shapes["train"][1]):
+        rows, columns = np.arange(first, first + len(block)), slice(column, column + block.shape[1])
+        held = rows < n_val
+        cache["val"][val_at + rows[held], columns] = block[held]
+        cache["train"][slots[train_at + rows[~held] - n_val], columns] = block[~held]
+        counts += np.bincount(block[~held].ravel(), minlength=vocab)
+    for array in cache.values():
+        array.flush()
+    return {"counts": counts}
+
+
+def _in_tasks(fn, items: list[dict], *args) -> list[dict]:
+    """Run `fn` over the items in Ray Data tasks on this node, one item per task, up to a task per core;
+    return the results, in no particular order. The tasks read and write this node's files."""
     import ray
     import ray.data
 
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = ray.data.read_parquet(source.paths, filesystem=source.filesystem).select_columns(
-        [column.split(".")[0]]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items)).map(
+        fn,
+        fn_args=args,
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(len(items), _cores()))),
+        label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
     )
-    ds = ds.map_batches(
-        _tokenize,
-        fn_args=(str(tokenizer_dir), column),
-        batch_format="pyarrow",
-        batch_size=TOKENIZE_BATCH_DOCS,
-    )
-    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-        ids = batch.column("ids").combine_chunks()
-        offsets = ids.offsets.to_numpy()
-        values = ids.values.to_numpy(zero_copy_only=False)
-        yield [values[offsets[i] : offsets[i + 1]] for i in range(len(ids))]
-
-
-def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], tmp: Path) -> dict:
-    tokenizer = load_tokenizer(tmp / "tokenizer")
-    vocab = len(tokenizer)
-    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
-    weights = [s.weight for s in spec.sources]
-    train_counts = split_rows(spec.train_rows, weights)
-    val_counts = split_rows(spec.val_rows, weights)
-    # One seeded permutation places every source's rows through the training set.
-    slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    train = np.memmap(tmp / "train.bin", dtype=dtype, mode="w+", shape=(spec.train_rows, spec.seq_len))
-    val = np.memmap(tmp / "val.bin", dtype=dtype, mode="w+", shape=(spec.val_rows, spec.seq_len))
-    counts = np.zeros(vocab, dtype=np.int64)
-    per_source, train_at, val_at = {}, 0, 0
-    for source, n_train, n_val in zip(spec.sources, train_counts, val_counts, strict=True):
-        done = 0
-        chunks = _packed_rows(
-            resolved[source.name], source, tokenizer, tmp / "tokenizer", spec.seq_len, n_train + n_val
-        )
-        for rows in chunks:
-            # The first n_val rows of each source are held out; the rest go to their training slots.
-            n_held = max(0, min(done + len(rows), n_val) - done)
-            val[val_at + done : val_at + done + n_held] = rows[:n_held]
-            kept = rows[n_held:]
-            first = train_at + max(done, n_val) - n_val
-            train[slots[first : first + len(kept)]] = kept
-            counts += np.bincount(kept.ravel(), minlength=vocab)
-            done += len(rows)
-        per_source[source.name] = {"train_rows": n_train, "val_rows": n_val, "weight": source.weight}
-        train_at, val_at = train_at + n_train, val_at + n_val
-    train.flush()
-    val.flush()
-    return {
-        "format": CACHE_FORMAT_VERSION,
-        "seq_len": spec.seq_len,
-        "vocab_size": vocab,
-        "eos_id": tokenizer.eos_token_id,
-        "dtype": np.dtype(dtype).name,
-        "train_rows": spec.train_rows,
-        "val_rows": spec.val_rows,
-        "train_tokens": spec.train_rows * spec.seq_len,
-        "sources": per_source,
-        "unigram_entropy_nats": unigram_entropy(counts),
-    }
-
-
-def _packed_rows(resolved: ResolvedSource, source, tokenizer, tokenizer_dir: Path, seq_len: int, need: int):
-    """Yield packed rows of one source, in order, exactly `need` rows in all."""
-    packer = Packer(seq_len, tokenizer.eos_token_id)
-    have = 0
-    for docs in _token_stream(resolved, source.text_column, tokenizer_dir):
-        rows = packer.add(docs)[: need - have]
-        have += len(rows)
-        yield rows
-        if have == need:
-            return
-    raise SourceTooSmall(
-        f"data source '{source.name}' ({source.uri}) holds {have * seq_len:,} tokens after packing, but its "
-        f"weight asks for {need * seq_len:,} (train + validation); lower data.token_budget, change its weight, "
-        "or add documents"
-    )
+    return list(dataset.iter_rows())

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from rayb.files import atomic_directory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
     """Train a GPT-2-style byte-level BPE and save it as a transformers tokenizer directory."""
+    from transformers import PreTrainedTokenizerFast  # here, not at the top: data tasks need no torch
+
     out_dir = Path(out_dir)
     if (out_dir / "tokenizer.json").exists():
         return out_dir
@@ -40,6 +45,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
 
 
 def load_tokenizer(name_or_dir: str | Path) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(name_or_dir))
     if tok.eos_token_id is None:
         raise ValueError(
