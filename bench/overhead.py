@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temp dir)")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="rayb-overhead-"))
+    work.mkdir(parents=True, exist_ok=True)
     threads = os.cpu_count() or 1
 
     builds = one_time_builds()
