@@ -1,4 +1,5 @@
-"""The eval pool evaluates trials while others are still training: a job runs as soon as it is fed."""
+"""The eval pool evaluates trials while others are still training: a job runs as soon as it is fed, and
+no actor waits idle on resources that training may need."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _saved_trial(name: str, cache, root: Path) -> TrialSpec:
 
 def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path):
     """The feed hands over the first trial's job, and stays open ("still training") until that job's
-    result is on disk: a pool that waited for the end of training would never finish."""
+    result is on disk and its actor is gone: a pool that waited for the end of training, or kept its
+    idle actors, would never finish."""
     first, second = (_saved_trial(name, tiny_cache, tmp_path) for name in ("first", "second"))
     (first_job,), (second_job,) = (evaluation_jobs([t], ["lm"], {}) for t in (first, second))
     deadline, handed = time.time() + 120, []
@@ -41,10 +43,21 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
             return [first_job], True
         if not first_job.out.exists():
             return [], True
+        if _alive_eval_actors():  # with no job queued, the first job's actor is let go (ray.kill)
+            return [], True
         handed.append(second_job)
         return [second_job], False
 
     errors = EvalPool(num_actors=1, use_gpu=False, log=lambda _: None).serve(feed)
     assert errors == {} and handed == [first_job, second_job]
+    while _alive_eval_actors():  # nothing outlives the pool
+        assert time.time() < deadline, "an eval actor outlived its pool"
+        time.sleep(0.5)
     for trial in (first, second):
         assert read_result(Path(trial.trial_dir), "lm", {})["status"] == "ok"
+
+
+def _alive_eval_actors() -> int:
+    from ray.util.state import list_actors
+
+    return len(list_actors(filters=[("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")]))

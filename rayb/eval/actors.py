@@ -149,7 +149,8 @@ def evaluate(
 class EvalPool:
     """Eval actors fed while training goes on: a trial's jobs start as soon as the feed hands them over,
     on actors beside the trials still training. `serve` returns once the feed is closed and every job
-    it gave has finished."""
+    it gave has finished. An actor lives only while jobs wait for it: an idle one would hold CPUs or
+    GPUs that a trial still to start may be waiting for, and that trial's end is what closes the feed."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
 
@@ -158,50 +159,58 @@ class EvalPool:
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
-        self._idle: dict[float, list] = {}  # per GPU share: actors with nothing to do
-        self._started: dict[float, int] = {}  # per GPU share: actors started so far
+        self._live: dict[float, int] = {}  # per GPU share: actors alive
         self._running: dict = {}  # result ref -> (actor, GPU share)
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
 
         errors, done, more = {}, 0, True
-        while not self.stopping.is_set():
-            if more:
-                jobs, more = feed()
-                self.submitted += len(jobs)
-                for job in jobs:
-                    self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
-            self._dispatch()
-            if not self._running:
-                if not more:
-                    break
-                time.sleep(self.POLL_S)
-                continue
-            ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.POLL_S)
-            for ref in ready:
-                handle, gpus = self._running.pop(ref)
-                self._idle[gpus].append(handle)
-                key, suite, result = ray.get(ref)
-                done += 1
-                status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
-                self.log(
-                    f"  eval {done}/{self.submitted}: {key} × {suite} in {result['wall_s']:.1f}s: {status}"
-                )
-                if result["status"] != "ok":
-                    errors[(key, suite)] = result["error"]
+        try:
+            while not self.stopping.is_set():
+                if more:
+                    jobs, more = feed()
+                    self.submitted += len(jobs)
+                    for job in jobs:
+                        self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
+                self._start_actors()
+                if not self._running:
+                    if not more:
+                        break
+                    time.sleep(self.POLL_S)
+                    continue
+                ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.POLL_S)
+                for ref in ready:
+                    key, suite, result = ray.get(ref)
+                    self._next_job(*self._running.pop(ref))
+                    done += 1
+                    status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
+                    self.log(
+                        f"  eval {done}/{self.submitted}: {key} × {suite} in {result['wall_s']:.1f}s: {status}"
+                    )
+                    if result["status"] != "ok":
+                        errors[(key, suite)] = result["error"]
+        finally:  # stopped early: abandon the running jobs (finished results are all on disk)
+            for handle, _ in self._running.values():
+                ray.kill(handle)
         return errors
 
-    def _dispatch(self) -> None:
-        """Hand queued jobs to idle actors, starting actors up to `num_actors` per GPU share."""
+    def _start_actors(self) -> None:
+        """Start an actor for each queued job, up to `num_actors` per GPU share."""
         for gpus, queue in self._queues.items():
-            idle = self._idle.setdefault(gpus, [])
-            while queue and (idle or self._started.get(gpus, 0) < self.num_actors):
-                if not idle:
-                    idle.append(self._actor(gpus))
-                    self._started[gpus] = self._started.get(gpus, 0) + 1
-                handle = idle.pop()
-                self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+            while queue and self._live.get(gpus, 0) < self.num_actors:
+                self._live[gpus] = self._live.get(gpus, 0) + 1
+                self._next_job(self._actor(gpus), gpus)
+
+    def _next_job(self, handle, gpus: float) -> None:
+        """Give an actor the next job of its GPU share; stop it when there is none."""
+        import ray
+
+        if queue := self._queues.get(gpus):
+            self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+        else:
+            ray.kill(handle)
+            self._live[gpus] -= 1
 
     def _actor(self, gpus: float):
         import ray
