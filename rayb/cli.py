@@ -117,14 +117,11 @@ def plan(
     console.print(table)
     share = result.gpus_per_trial
     packing = result.packing(gpus)
-    groups = "; ".join(
-        f"{label}: {sum(sizes)} trial{'s' if sum(sizes) != 1 else ''} in {len(sizes)} worker group{'s' if len(sizes) != 1 else ''}"
-        for label, sizes in packing.groups.items()
-    )
     console.print(
         f"{_trial_count(study)}; {share or 'no'} GPU{'s' if share != 1 else ''} per trial"
         + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
-        + f"\nOn {gpus} GPUs: {groups}. A group trains its trials one after another; {min(packing.slots, packing.group_count)} "
+        + f"\nOn {gpus} GPUs, {len(packing.groups)} worker group{'s' if len(packing.groups) != 1 else ''}: "
+        f"{packing.describe()}. A group trains its trials one after another; {min(packing.slots, len(packing.groups))} "
         f"group{'s' if packing.slots != 1 else ''} at once ({packing.slots} fit"
         + (f", {1 / share:g} to a GPU" if share and share < 1 else "") + ")."
         + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours(result.flops):,.1f} GPU-hours at {mfu:.0%} MFU "

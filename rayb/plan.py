@@ -8,7 +8,9 @@ a forward pass over far fewer tokens and is left out of the estimate (the plan s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
+from rayb.models.registry import is_import_path
 from rayb.study import Study
 from rayb.tune.packs import split_groups, trial_slots
 
@@ -57,13 +59,17 @@ class StudyPlan:
         return flops / (self.peak_flops * self.mfu) / 3600
 
     def packing(self, gpus: int) -> Packing:
-        """How the trials run on a cluster of `gpus` GPUs: each model's trials packed into worker groups
-        (split only to fill idle slots, as `rayb run` packs them) and how many groups train at once."""
+        """How the trials run on a cluster of `gpus` GPUs: packed into worker groups as `rayb run` packs
+        them (a user's model in groups of its own; split only to fill idle slots), and how many groups
+        train at once."""
         slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), gpus)
-        trained = [m for m in self.models if m.steps]
-        packs = split_groups([[m.label] * m.trials for m in trained], slots)
-        groups = {m.label: [len(p) for p in packs if p[0] == m.label] for m in trained}
-        return Packing(gpus, slots, groups)
+        by_group: dict[str | None, list[str]] = {}
+        for m in self.models:
+            if m.steps:
+                by_group.setdefault(m.label if is_import_path(m.arch) else None, []).extend(
+                    [m.label] * m.trials
+                )
+        return Packing(gpus, slots, split_groups(list(by_group.values()), slots))
 
     def wall_hours(self, gpus: int) -> float:
         """Wall-clock on `gpus` GPUs: the worker groups, longest first, each on the next free slot (a
@@ -71,8 +77,9 @@ class StudyPlan:
         packing = self.packing(gpus)
         per_trial = {m.label: self.gpu_hours(m.flops_per_trial) / max(1, self.study.train.num_workers)
                      for m in self.models if m.steps}  # fmt: skip
-        durations = sorted((per_trial[label] * n for label, sizes in packing.groups.items() for n in sizes),
-                           reverse=True)  # fmt: skip
+        durations = sorted(
+            (sum(per_trial[label] for label in group) for group in packing.groups), reverse=True
+        )
         slots = [0.0] * min(packing.slots, max(1, len(durations)))
         for duration in durations:
             slots[slots.index(min(slots))] += duration
@@ -83,11 +90,14 @@ class StudyPlan:
 class Packing:
     gpus: int
     slots: int  # worker groups training at once
-    groups: dict[str, list[int]]  # model label -> trials in each of its worker groups
+    groups: list[list[str]]  # each worker group's trials, as model labels, in the order they train
 
-    @property
-    def group_count(self) -> int:
-        return sum(len(sizes) for sizes in self.groups.values())
+    def describe(self) -> str:
+        """'(gpt2 ×2, llama ×1) (llama ×1, mamba ×2)': each group's trials, model by model."""
+        return " ".join(
+            "(" + ", ".join(f"{label} ×{len(list(run))}" for label, run in groupby(group)) + ")"
+            for group in self.groups
+        )
 
 
 def plan_study(study: Study, peak_flops: float, mfu: float) -> StudyPlan:

@@ -20,18 +20,16 @@ def _trials(models=("gpt2", "mamba"), lrs=(3e-3,), seeds=(0, 1, 2), **train) -> 
     ]  # fmt: skip
 
 
-def test_a_models_seeds_and_learning_rates_share_one_worker_group():
-    packs = pack_trials(_trials(lrs=(1e-3, 3e-3)), slots=1, cores=2)
-    assert [[t.key for t in p.trials] for p in packs] == [
-        [f"gpt2-{lr}-{s}" for lr in (1e-3, 3e-3) for s in (0, 1, 2)],
-        [f"mamba-{lr}-{s}" for lr in (1e-3, 3e-3) for s in (0, 1, 2)],
-    ]
-    assert {p.threads for p in packs} == {2}  # one group at a time has both cores
+def test_every_model_seed_and_learning_rate_shares_one_worker_group():
+    (pack,) = pack_trials(_trials(lrs=(1e-3, 3e-3)), slots=1, cores=2)
+    assert [t.key for t in pack.trials] == [f"{m}-{lr}-{s}" for m in ("gpt2", "mamba") for lr in (1e-3, 3e-3)
+                                            for s in (0, 1, 2)]  # fmt: skip
+    assert pack.threads == 2  # one group at a time has both cores
 
 
 def test_packs_split_only_to_fill_idle_slots():
     assert [len(p.trials) for p in pack_trials(_trials(), slots=2, cores=2)] == [3, 3]
-    assert [len(p.trials) for p in pack_trials(_trials(), slots=4, cores=8)] == [2, 1, 2, 1]
+    assert [len(p.trials) for p in pack_trials(_trials(), slots=4, cores=8)] == [2, 2, 1, 1]
     assert [len(p.trials) for p in pack_trials(_trials(), slots=100, cores=2)] == [1] * 6
     one_model = pack_trials(_trials(models=("gpt2",)), slots=2, cores=2)
     assert [[t.seed for t in p.trials] for p in one_model] == [[0, 1], [2]]
@@ -41,10 +39,16 @@ def test_packs_split_only_to_fill_idle_slots():
     assert [len(p) for p in split_groups([[0] * 10, [1] * 10, [2] * 10], 8)] == [4, 3, 3, 4, 3, 3, 5, 5]
 
 
-def test_models_of_another_shape_never_share_a_group():
-    a = _trials(models=("gpt2",), seeds=(0,))
-    b = [TrialSpec(**{**t.__dict__, "key": "wide", "model_config": {"d_model": 64}}) for t in a]
-    assert len(pack_trials(a + b, slots=1, cores=1)) == 2
+def test_trials_that_need_another_worker_group_or_run_a_users_model_train_apart():
+    (gpt2,) = _trials(models=("gpt2",), seeds=(0,))
+    wide = TrialSpec(**{**gpt2.__dict__, "key": "wide", "model": "wide", "model_config": {"d_model": 64}})
+    two_workers = TrialSpec(
+        **{**gpt2.__dict__, "key": "two", "train": gpt2.train.model_copy(update={"num_workers": 2})}
+    )
+    mine = [TrialSpec(**{**gpt2.__dict__, "key": f"mine-{s}", "model": "mine", "arch": "my_models:build", "seed": s})
+            for s in (0, 1)]  # fmt: skip
+    packs = pack_trials([gpt2, mine[0], wide, two_workers, mine[1]], slots=1, cores=1)
+    assert [[t.key for t in p.trials] for p in packs] == [[gpt2.key, "wide"], ["mine-0", "mine-1"], ["two"]]
 
 
 def test_a_packs_run_name_is_stable_and_a_single_trial_keeps_its_own():
@@ -103,10 +107,12 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
     raw["train"] |= {"use_gpu": True, "gpus_per_trial": 0.25}
     plan = plan_study(parse_study(raw), peak_flops=312e12, mfu=0.4)
     packing = plan.packing(gpus=1)
-    assert packing.slots == 4 and packing.groups == {"gpt2": [5, 5], "mamba": [5, 5]}
-    assert plan.packing(gpus=8).groups == {"gpt2": [1] * 10, "mamba": [1] * 10}  # 32 slots: one trial each
+    assert packing.slots == 4 and [len(g) for g in packing.groups] == [5, 5, 5, 5]
+    assert packing.describe() == "(gpt2 ×5) (gpt2 ×5) (mamba ×5) (mamba ×5)"
+    assert plan.packing(gpus=8).groups == [[m] for m in ["gpt2"] * 10 + ["mamba"] * 10]  # 32 slots: one each
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(app, ["plan", str(tmp_path / "study.yaml"), "--gpus", "1"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "gpt2: 10 trials in 2 worker groups" in text and "4 groups at once (4 fit, 4 to a GPU)" in text
+    assert "On 1 GPUs, 4 worker groups: (gpt2 ×5) (gpt2 ×5) (mamba ×5)" in text
+    assert "4 groups at once (4 fit, 4 to a GPU)" in text

@@ -200,7 +200,7 @@ def _write_rows(
         train_at, val_at = train_at + n_train, val_at + n_val
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab)
+    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab, here=True)
     shutil.rmtree(tmp / STREAM_DIR)
     return {
         "format": CACHE_FORMAT_VERSION,
@@ -307,16 +307,19 @@ def _write_stretch(
     return {"counts": counts}
 
 
-def _in_tasks(fn, items: list[dict], *args) -> list[dict]:
-    """Run `fn` over the items in Ray Data tasks on this node, one item per task, up to a task per core;
-    return the results, in no particular order. The tasks read and write this node's files."""
+def _in_tasks(fn, items: list[dict], *args, here: bool = False) -> list[dict]:
+    """Run `fn` over the items in Ray Data tasks, one item per task, up to a task per core; return the
+    results, in no particular order. `here` keeps the tasks on the driver's node and asks no CPU of it
+    (a head may have none): they write into one file, which only one node may do safely (two NFS
+    clients writing the same page would undo each other's bytes)."""
     import ray
     import ray.data
 
+    placement = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}, "num_cpus": 0}
     dataset = ray.data.from_items(items, override_num_blocks=len(items)).map(
         fn,
         fn_args=args,
         compute=ray.data.TaskPoolStrategy(size=max(1, min(len(items), _cores()))),
-        label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
+        **(placement if here else {}),
     )
     return list(dataset.iter_rows())

@@ -65,7 +65,7 @@ class TrainSpec(Spec):
     max_concurrent_trials: int | None = Field(
         default=None,
         ge=1,
-        description="trials (packs of a model's trials) training at once; default: as many as the cluster's "
+        description="worker groups (packs of trials) training at once; default: as many as the cluster's "
         "GPUs (or cores) hold, so a cluster that scales up from zero needs this set to use its new nodes",
     )
     gpus_per_trial: float | None = added_field(

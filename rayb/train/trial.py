@@ -50,8 +50,8 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class TrialPack:
-    """Trials of one model and shape, trained in order by one worker group: the group's start-up (its
-    processes, imports, process group) is paid once, and each trial still has its own files."""
+    """Trials that fit one worker group, trained in order by it: the group's start-up (its processes,
+    imports, process group) is paid once, and each trial still has its own files."""
 
     trials: tuple[TrialSpec, ...]
     threads: int = 1  # torch threads per worker
@@ -74,7 +74,7 @@ class TrialPack:
         first = self.trials[0]
         if len(self.trials) == 1:
             return first.run_name
-        return f"{first.model}-pack-{digest([t.key for t in self.trials], length=12)}"
+        return f"pack-{digest([t.key for t in self.trials], length=12)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"trials": [t.to_dict() for t in self.trials], "threads": self.threads}

@@ -1,10 +1,12 @@
-"""Which trials share a worker group: a model's seeds and learning rates, packed, split only to fill slots.
+"""Which trials share a worker group: every trial that fits the same group, packed, split only to fill slots.
 
 Starting a trial on Ray costs a controller, a placement group, worker processes, their imports and a
 process group: seconds each, more than a small model's whole training. A pack (`TrialPack`) pays that
-once for the trials of one model that share a shape. Packs are split only where whole packs would leave
-trial slots idle: with more slots than models, each model's trials are cut into near-equal packs that
-run side by side.
+once for trials that ask for the same worker group (workers, GPUs): a model's seeds and learning rates,
+and the other models of rayb's own architectures, since each trial builds its own model and engine.
+A user's model (named by import path) packs only with its own trials, so a bug in it stops no
+baseline. Packs are split only where whole packs would leave trial slots idle: their trials are cut
+into near-equal, in-order packs that run side by side.
 
 Pure logic (no Ray): packs follow from the study's full trial list and the slot count alone, so a rerun
 on the same cluster rebuilds the same packs under the same Ray Train run names, and a pack killed
@@ -16,17 +18,19 @@ from __future__ import annotations
 import json
 from typing import TypeVar
 
+from rayb.models.registry import is_import_path
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
 
 T = TypeVar("T")
 
 
-def shape(trial: TrialSpec) -> str:
-    """What the trials of a pack share: the model, its size and steps, and the training settings (the
-    worker group's shape among them). Learning rate, seed and starting weights may differ."""
-    train = trial.train.model_dump(mode="json", exclude={"lr"})
-    return json.dumps([trial.model, trial.arch, trial.model_config, trial.steps, train], sort_keys=True)
+def group_of(trial: TrialSpec) -> str:
+    """What the trials of a pack share: the worker group (its workers, their GPUs); and for a user's model,
+    the model itself."""
+    t = trial.train
+    own = trial.model if is_import_path(trial.arch) else None
+    return json.dumps([t.num_workers, t.use_gpu, t.gpus_per_trial, own])
 
 
 def trial_slots(train: TrainSpec, devices: float) -> int:
@@ -58,11 +62,11 @@ def _chunks(items: list[T], k: int) -> list[list[T]]:
 
 
 def pack_trials(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
-    """Group `trials` by shape, in their order, and split the groups to fill `slots`. The packs that run
-    at once share `cores` among their workers as torch threads."""
+    """Group `trials` by the worker group they need, in their order, and split the groups to fill `slots`.
+    The packs that run at once share `cores` among their workers as torch threads."""
     groups: dict[str, list[TrialSpec]] = {}
     for trial in trials:
-        groups.setdefault(shape(trial), []).append(trial)
+        groups.setdefault(group_of(trial), []).append(trial)
     packs = split_groups(list(groups.values()), slots)
     if not packs:
         return []

@@ -1,4 +1,4 @@
-"""Ray Tune: every pack of trials (a model's seeds and learning rates, see packs.py) is one Tune trial.
+"""Ray Tune: every pack of trials (trials that share a worker group, see packs.py) is one Tune trial.
 
 Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`), which trains
 the pack's trials one after another. Results are not taken from Tune: every trial writes its own files
