@@ -3,8 +3,9 @@ kernel probe a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from rayb.models.kernels import KernelPath
@@ -12,16 +13,19 @@ from rayb.train.loop import train_loop_per_worker
 from rayb.train.trial import TrialPack
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
+# Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end of
+# a run wait for the next poll: seconds per trial, more than a small model's checkpoint costs. Ray Train
+# passes the setting on from the process that builds the trainer to its controller and workers.
+HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 ONE_NODE_WORKERS = 8  # a worker group this size or smaller is placed on one node (one 8-GPU machine)
 
 
-def fit_pack(
-    pack: TrialPack, callbacks: Sequence = (), loop: Callable[[dict[str, Any]], None] = train_loop_per_worker
-) -> None:
+def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loop_per_worker) -> None:
     """Train a pack's trials on one worker group. `loop` is the per-worker function (rayb's; a test may wrap it)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # a user's own setting wins
     t = pack.train
     resources = {"CPU": 1} | ({"GPU": t.gpus_per_worker} if t.use_gpu else {})
     trainer = TorchTrainer(
@@ -41,7 +45,6 @@ def fit_pack(
             storage_path=pack.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
-            callbacks=list(callbacks),
         ),
     )
     trainer.fit()
