@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import groupby
 
-from rayb.models.registry import is_import_path
 from rayb.study import Study
-from rayb.tune.packs import split_groups, trial_slots
+from rayb.tune.packs import group_of, split_groups, trial_slots
 
 # Dense bf16 peak throughput per GPU (FLOP/s), from the vendors' datasheets.
 PEAK_FLOPS = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "a10g": 125e12, "l4": 121e12}
@@ -63,13 +62,13 @@ class StudyPlan:
         them (a user's model in groups of its own; split only to fill idle slots), and how many groups
         train at once."""
         slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), gpus)
-        by_group: dict[str | None, list[str]] = {}
+        groups: dict[str, list[str]] = {}
         for m in self.models:
             if m.steps:
-                by_group.setdefault(m.label if is_import_path(m.arch) else None, []).extend(
+                groups.setdefault(group_of(m.label, m.arch, self.study.train), []).extend(
                     [m.label] * m.trials
                 )
-        return Packing(gpus, slots, split_groups(list(by_group.values()), slots))
+        return Packing(gpus, slots, split_groups(list(groups.values()), slots))
 
     def wall_hours(self, gpus: int) -> float:
         """Wall-clock on `gpus` GPUs: the worker groups, longest first, each on the next free slot (a

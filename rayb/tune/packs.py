@@ -25,12 +25,11 @@ from rayb.train.trial import TrialPack, TrialSpec
 T = TypeVar("T")
 
 
-def group_of(trial: TrialSpec) -> str:
+def group_of(model: str, arch: str, train: TrainSpec) -> str:
     """What the trials of a pack share: the worker group (its workers, their GPUs); and for a user's model,
     the model itself."""
-    t = trial.train
-    own = trial.model if is_import_path(trial.arch) else None
-    return json.dumps([t.num_workers, t.use_gpu, t.gpus_per_trial, own])
+    own = model if is_import_path(arch) else None
+    return json.dumps([train.num_workers, train.use_gpu, train.gpus_per_trial, own])
 
 
 def trial_slots(train: TrainSpec, devices: float) -> int:
@@ -66,7 +65,7 @@ def pack_trials(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPa
     The packs that run at once share `cores` among their workers as torch threads."""
     groups: dict[str, list[TrialSpec]] = {}
     for trial in trials:
-        groups.setdefault(group_of(trial), []).append(trial)
+        groups.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
     packs = split_groups(list(groups.values()), slots)
     if not packs:
         return []
