@@ -1,7 +1,7 @@
 """The data step on Ray Data: read parquet, tokenize in parallel, pack, mix by weight, split, cache.
 
-This is the only data module that knows about Ray. Each source's parquet row groups are cut into units
-of documents; Ray Data tasks tokenize the units and save each one's stretch of the packed stream, then
+This is the only data module that knows about Ray. Each source's parquet row groups are its units of
+work; Ray Data tasks tokenize the units and save each one's stretch of the packed stream, then
 place the stretches into the memory-mapped cache (see `cache.py`) by their offsets in the stream. The
 driver sees token counts only, so its memory does not grow with the corpus. The mix is exact by
 construction: source i contributes round(w_i * rows) packed rows, and one seeded permutation scatters
@@ -138,22 +138,18 @@ def _held_out(spec: DataSpec, resolved: dict[str, ResolvedSource], cache: TokenC
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
-UNIT_DOCS = 1024  # documents one tokenize task reads: about a megabyte of web text, under a second
-
-
 @dataclass(frozen=True)
 class Unit:
-    """A tokenize task's share of a source: rows [start, stop) of one parquet row group."""
+    """A tokenize task's share of a source: one parquet row group (read once, whole: pyarrow cannot read
+    part of one without decoding it)."""
 
     source: int  # index into the study's sources
     path: str
     row_group: int
-    start: int
-    stop: int
 
 
 def list_units(index: int, source: ResolvedSource, column: str) -> list[Unit]:
-    """Every shard's row groups, cut into units of UNIT_DOCS documents, in document order. Reading the
+    """Every shard's row groups, in document order. Reading the
     footers also checks each shard: a corrupt file or a missing column fails here, by name, instead of
     as a remote task error halfway through tokenizing."""
     units = []
@@ -166,11 +162,7 @@ def list_units(index: int, source: ResolvedSource, column: str) -> list[Unit]:
             raise BadShard(
                 f"parquet shard {path} has no text column '{column}'; its columns: {_columns(shard.schema_arrow)}"
             )
-        for group in range(shard.num_row_groups):
-            rows = shard.metadata.row_group(group).num_rows
-            units += [
-                Unit(index, path, group, a, min(a + UNIT_DOCS, rows)) for a in range(0, rows, UNIT_DOCS)
-            ]
+        units += [Unit(index, path, group) for group in range(shard.num_row_groups)]
     return units
 
 
@@ -227,29 +219,29 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
     each, the next as many as its token rate says are still missing (and a quarter more)."""
     (tmp / STREAM_DIR).mkdir()
     pending = list(units)
+    need = [rows * spec.seq_len for rows in need_rows]
     done: list[list[tuple[str, int]]] = [[] for _ in spec.sources]
-    while short := [
-        i for i, need in enumerate(need_rows) if _tokens(done[i]) < need * spec.seq_len and pending[i]
-    ]:
+    while short := [i for i in range(len(need)) if _tokens(done[i]) < need[i] and pending[i]]:
         batch = []
         for i in short:
-            missing = need_rows[i] * spec.seq_len - _tokens(done[i])
+            missing = need[i] - _tokens(done[i])
             take = 1 if not done[i] else math.ceil(1.25 * missing * len(done[i]) / _tokens(done[i]))
             batch += pending[i][:take]
             pending[i] = pending[i][take:]
-        items = [{"unit": n + sum(map(len, done)), **asdict(u)} for n, u in enumerate(batch)]
+        first = sum(map(len, done))  # units are numbered across rounds
+        items = [{"unit": first + n, **asdict(u)} for n, u in enumerate(batch)]
         results = {int(r["unit"]): int(r["tokens"]) for r in _in_tasks(
             _tokenize_unit, items, tuple(resolved[s.name].filesystem for s in spec.sources),
             tuple(s.text_column for s in spec.sources), str(tmp / "tokenizer"), eos_id, dtype, str(tmp / STREAM_DIR),
         )}  # fmt: skip
         for item, unit in zip(items, batch, strict=True):
             done[unit.source].append((str(tmp / STREAM_DIR / f"{item['unit']}.npy"), results[item["unit"]]))
-    for source, need, stretches in zip(spec.sources, need_rows, done, strict=True):
-        if _tokens(stretches) < need * spec.seq_len:
+    for source, tokens, stretches in zip(spec.sources, need, done, strict=True):
+        if _tokens(stretches) < tokens:
             packed = _tokens(stretches) // spec.seq_len * spec.seq_len
             raise SourceTooSmall(
                 f"data source '{source.name}' ({source.uri}) holds {packed:,} tokens after packing, but its "
-                f"weight asks for {need * spec.seq_len:,} (train + validation); lower data.token_budget, change "
+                f"weight asks for {tokens:,} (train + validation); lower data.token_budget, change "
                 "its weight, or add documents"
             )
     return done
@@ -278,7 +270,7 @@ def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_dir
     column = columns[unit["source"]]
     shard = pq.ParquetFile(unit["path"], filesystem=filesystems[unit["source"]])
     table = shard.read_row_group(unit["row_group"], columns=[column.split(".")[0]])
-    texts = [t or "" for t in text_values(table.slice(unit["start"], unit["stop"] - unit["start"]), column)]
+    texts = [t or "" for t in text_values(table, column)]
     docs = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
     stream = np.array([t for doc in docs for t in (*doc.ids, eos_id)], dtype=dtype)
     np.save(Path(out) / f"{unit['unit']}.npy", stream)
