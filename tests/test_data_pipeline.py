@@ -53,19 +53,21 @@ def test_cache_is_reused_and_deterministic(tiny_cache, tmp_path):
     np.testing.assert_array_equal(np.asarray(fresh.val), np.asarray(tiny_cache.val))
 
 
-def test_other_seed_reorders_the_same_rows(tiny_cache, tmp_path):
+def test_other_seed_draws_another_held_out_sample_and_order(tiny_cache, tmp_path):
     raw = tiny_study_dict()
     raw["data"]["seed"] = 1
     other = prepare_data(parse_study(raw).data, tmp_path)
     assert other.path.name != tiny_cache.path.name
     assert not np.array_equal(np.asarray(other.train), np.asarray(tiny_cache.train))
-    assert sorted(map(bytes, np.asarray(other.train))) == sorted(map(bytes, np.asarray(tiny_cache.train)))
+    assert set(other.held_out.documents) != set(tiny_cache.held_out.documents)
 
 
 def test_local_parquet_source_and_too_small_source(ray_session, tmp_path):
     shard = tmp_path / "mine" / "part-0.parquet"
     shard.parent.mkdir()
-    pq.write_table(pa.table({"body": ["a short document about rivers and cities. " * 20] * 30}), shard)
+    pq.write_table(
+        pa.table({"body": [f"short document {i} about rivers and cities. " * 20 for i in range(30)]}), shard
+    )
     raw = tiny_study_dict()
     raw["data"]["sources"] = [
         {"name": "mine", "uri": str(shard.parent), "weight": 1.0, "text_column": "body"}
@@ -76,7 +78,9 @@ def test_local_parquet_source_and_too_small_source(ray_session, tmp_path):
     assert cache.manifest["sources"]["mine"]["train_rows"] == 32
 
     raw["data"]["token_budget"] = 32 * 8 * 400
-    with pytest.raises(SourceTooSmall, match=r"data source 'mine' .* holds [\d,]+ tokens"):
+    with pytest.raises(
+        SourceTooSmall, match=r"data source 'mine' .* holds [\d,]+ training tokens and [\d,]+ held-out"
+    ):
         prepare_data(parse_study(raw).data, tmp_path / "out")
 
 
@@ -97,25 +101,23 @@ def test_corrupt_shard_and_missing_column_are_named(ray_session, tmp_path):
     assert not (tmp_path / "out" / "data").exists()  # nothing half-written
 
 
-def test_a_cache_from_before_the_held_out_record_gets_one_and_it_must_match(tiny_cache, tmp_path):
-    """Caches built before rayb kept the validation rows' text get it when they are next used, rebuilt
-    from the sources; a record that would not reproduce val.bin token for token is refused."""
-    import shutil
+def test_the_held_out_record_is_rebuilt_from_its_documents_and_must_match_val_bin(tiny_cache):
+    """The record is rebuilt from the held-out documents by the same tokenizer and packing: it reproduces
+    val.bin token for token, and a record that would not is refused."""
+    from rayb.data import held_out
 
-    from rayb.data.held_out import HELD_OUT_DIR
+    record, m = tiny_cache.held_out, tiny_cache.manifest
+    rows = [m["sources"][name]["val_rows"] for name in ("edu", "web")]
+    edu_docs = 1 + max(doc for items in record.rows[: rows[0]] for doc, _, _ in items)
 
-    root = tmp_path / "cache"
-    shutil.copytree(tiny_cache.path.parent.parent, root)
-    copy = root / "data" / tiny_cache.path.name
-    shutil.rmtree(copy / HELD_OUT_DIR)
-    spec = parse_study(tiny_study_dict()).data
-    rebuilt = prepare_data(spec, root).held_out
-    original = tiny_cache.held_out
-    assert rebuilt.rows == original.rows and (rebuilt.scored_bytes == original.scored_bytes).all()
-    shutil.rmtree(copy / HELD_OUT_DIR)
-    val = np.memmap(copy / "val.bin", dtype=tiny_cache.manifest["dtype"], mode="r+")
-    val[5] += 1  # the cache no longer holds what the sources pack into
-    val.flush()
-    with pytest.raises(ValueError, match="differ from the cache's val.bin"):
-        prepare_data(spec, root)
-    assert not (copy / HELD_OUT_DIR).exists()
+    def rebuild(expected):
+        per_source = [iter(record.documents[:edu_docs]), iter(record.documents[edu_docs:])]
+        tokenizer_json = tiny_cache.tokenizer_dir / "tokenizer.json"
+        return held_out.build(per_source, rows, tiny_cache.seq_len, tokenizer_json, m["eos_id"], expected)
+
+    rebuilt = rebuild(tiny_cache.val)
+    assert rebuilt.rows == record.rows and (rebuilt.scored_bytes == record.scored_bytes).all()
+    tampered = np.array(tiny_cache.val)
+    tampered[5] += 1
+    with pytest.raises(ValueError, match="differ from the rows packed into val.bin"):
+        rebuild(tampered)

@@ -3,7 +3,8 @@
 Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the rows it trains on):
     manifest.json   seq_len, rows, dtype, tokenizer, per-source counts, unigram entropy
     train.bin       (train_rows, seq_len) tokens in their final, shuffled, mixed order
-    val.bin         (val_rows, seq_len) held-out tokens
+    val.bin         (val_rows, seq_len) held-out tokens: each source's held-out documents (a seeded random
+                    sample, split.py) packed in order, source after source, in the training mix
     held_out/       the text behind the validation rows, and the UTF-8 bytes each row scores (held_out.py)
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker

@@ -13,8 +13,9 @@ them. For every validation row this records:
 - `scored_bytes`: the UTF-8 bytes from `context_end` to the row's end, the denominator of bits per byte
   for every model, trained or pretrained.
 
-The record is rebuilt from the sources by the same tokenizer and packing, and must reproduce val.bin token
-for token; a cache written before rayb kept it gets it the same way. Character spans are exact for ASCII
+The validation rows are a source's held-out documents (a seeded random sample, split.py) packed in their
+order. The record is rebuilt from those documents' text by the same tokenizer and packing, and must
+reproduce val.bin token for token. Character spans are exact for ASCII
 and whole characters; where a row boundary falls inside a multi-byte character (byte-level BPE can split
 one), that character belongs to the row where it starts.
 """
@@ -53,13 +54,13 @@ class HeldOut:
 
 
 class _Builder:
-    """Follows packing over one source's documents: each document's tokens and an end-of-text token,
-    cut into rows of seq_len; records the first `rows` rows (the ones held out)."""
+    """Follows packing over one source's held-out documents: each document's tokens and an end-of-text
+    token, cut into rows of seq_len; records the first `rows` rows (the source's validation rows)."""
 
     def __init__(self, seq_len: int, rows: int, eos_id: int, first_doc: int):
         self.seq_len, self.n_rows, self.eos_id = seq_len, rows, eos_id
         self.doc = first_doc
-        self.position = 0  # tokens of the source's stream seen so far
+        self.position = 0  # tokens of the source's validation stream seen so far
         self.items: list[list[tuple[int, int, int]]] = [[] for _ in range(rows)]
         self.context_end = np.full(rows, EOS_ITEM, dtype=np.int64)
         self.ids = np.zeros((rows, seq_len), dtype=np.int64)
@@ -96,8 +97,8 @@ def build(
     eos_id: int,
     expected: np.ndarray,
 ) -> HeldOut:
-    """The held-out record of the validation rows: `rows[i]` rows from the start of source i's documents
-    (in order, as packing read them), which must reproduce `expected` (val.bin) exactly."""
+    """The held-out record of the validation rows: `rows[i]` rows from the start of source i's held-out
+    documents (in order, as packing read them), which must reproduce `expected` (val.bin) exactly."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -120,8 +121,8 @@ def build(
         ids.append(builder.ids)
     if not np.array_equal(np.concatenate(ids), np.asarray(expected, dtype=np.int64)):
         raise ValueError(
-            "the held-out rows rebuilt from the sources differ from the cache's val.bin: the sources changed "
-            "since the cache was built; delete the cache directory to rebuild it"
+            "the held-out rows rebuilt from their documents differ from the rows packed into val.bin: "
+            "packing and the held-out record disagree"
         )
     context = np.concatenate(context_end)
     return HeldOut(documents, items, context, _scored_bytes(documents, items, context))
@@ -130,7 +131,7 @@ def build(
 def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
     batch = []
     for text in texts:
-        batch.append(text or "")  # packing reads a missing text as an empty document
+        batch.append(text)
         if len(batch) == size:
             yield batch
             batch = []

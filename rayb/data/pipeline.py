@@ -1,12 +1,15 @@
-"""The data step on Ray Data: read parquet, tokenize in parallel, pack, mix by weight, split, cache.
+"""The data step on Ray Data: read parquet, tokenize in parallel, hold out, pack, mix by weight, cache.
 
 This is the only data module that knows about Ray. Each source's parquet row groups are its units of
-work; Ray Data tasks tokenize the units and save each one's stretch of the packed stream, then
-place the stretches into the memory-mapped cache (see `cache.py`) by their offsets in the stream. The
-driver sees token counts only, so its memory does not grow with the corpus. The mix is exact by
-construction: source i contributes round(w_i * rows) packed rows, and one seeded permutation scatters
-them through the training set. Each source stops being read once it has delivered its rows, so a
-hub-sized source costs only the tokens the budget asks for.
+work; Ray Data tasks tokenize the units, send each document to the source's training or validation
+stream (a seeded random sample of documents is held out, split.py), and save the unit's stretch of both
+streams; other tasks then place the stretches into the memory-mapped cache (see `cache.py`) by their
+offsets in their stream. The driver sees token counts only, so its memory does not grow with the corpus.
+The mix is exact by construction: source i contributes round(w_i * rows) packed rows to each split, so
+validation has the training mix; one seeded permutation scatters the training rows through the training
+set, and validation rows keep their stream order (source after source), so the held-out stream reads as
+whole documents. Each source stops being read once both its streams
+have their rows, so a hub-sized source costs only the tokens the budget asks for.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from rayb.data.held_out import HELD_OUT_DIR
 from rayb.data.packing import row_blocks, split_rows
 from rayb.data.sources import ResolvedSource, resolve
 from rayb.data.spec import DataSpec
+from rayb.data.split import HeldOutRule
 from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
 from rayb.files import atomic_directory, digest
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: held-out documents are a seeded random sample (1: a source's first rows)
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
-STREAM_DIR = "streams"  # the units' stretches of the packed stream, while the cache is built
+STREAM_DIR = "streams"  # the units' stretches of the packed streams, while the cache is built
+SPLITS = ("train", "val")
 
 
 class SourceTooSmall(ValueError):
@@ -55,9 +60,6 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
     key = data_key(spec, resolved)
     out = cache_root / "data" / key
     if (out / MANIFEST).exists():
-        if not (out / HELD_OUT_DIR).exists():  # a cache from before rayb kept the held-out text
-            with atomic_directory(out / HELD_OUT_DIR) as scratch:
-                held_out.write(_held_out(spec, resolved, TokenCache(out)), scratch.path)
         return TokenCache(out)
 
     started = time.perf_counter()
@@ -65,12 +67,13 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
     tokenizer_dir = _tokenizer(spec, resolved, cache_root)
     with atomic_directory(out) as scratch:
         shutil.copytree(tokenizer_dir, scratch.path / "tokenizer")
-        manifest = _write_rows(spec, resolved, units, scratch.path)
+        manifest, held_texts = _write_rows(spec, resolved, units, scratch.path)
         manifest.update(
             key=key, tokenizer_source=spec.tokenizer, build_s=round(time.perf_counter() - started, 2)
         )
         (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        held_out.write(_held_out(spec, resolved, TokenCache(scratch.path)), scratch.path / HELD_OUT_DIR)
+        held_out.write(_held_out(spec, held_texts, TokenCache(scratch.path)), scratch.path / HELD_OUT_DIR)
+        shutil.rmtree(scratch.path / STREAM_DIR)
     return TokenCache(out)
 
 
@@ -98,23 +101,29 @@ def text_values(table: pa.Table, column: str) -> list:
 
 # ----- tokenizer ----------------------------------------------------------------------------------
 def _tokenizer(spec: DataSpec, resolved: dict[str, ResolvedSource], cache_root: Path) -> Path:
-    sources = {s.name: resolved[s.name].fingerprint for s in spec.sources}
-    out = cache_root / "tokenizers" / digest({"tokenizer": spec.tokenizer, "sources": sources})
+    key = {
+        "tokenizer": spec.tokenizer,
+        "sources": {s.name: resolved[s.name].fingerprint for s in spec.sources},
+    }
     if spec.trained_vocab is None:
-        return ensure_pretrained(spec.tokenizer_location, out)
+        return ensure_pretrained(spec.tokenizer_location, cache_root / "tokenizers" / digest(key))
+    # A trained vocabulary sees training documents only, so the held-out sample is part of its key.
+    key["held_out"] = [CACHE_FORMAT_VERSION, spec.seed, spec.val_share]
     texts = (
         text
         for s in spec.sources
-        for text in _sample_texts(resolved[s.name], s.text_column, int(BPE_SAMPLE_CHARS * s.weight))
+        for text in _sample_texts(
+            resolved[s.name], s.text_column, int(BPE_SAMPLE_CHARS * s.weight), spec.held_out
+        )
     )
-    return train_bpe(texts, spec.trained_vocab, out)
+    return train_bpe(texts, spec.trained_vocab, cache_root / "tokenizers" / digest(key))
 
 
-def _sample_texts(source: ResolvedSource, column: str, max_chars: int):
-    """The first non-empty documents of a source, in order, up to max_chars."""
+def _sample_texts(source: ResolvedSource, column: str, max_chars: int, rule: HeldOutRule):
+    """The first non-empty training documents of a source (never a held-out one), in order, up to max_chars."""
     seen = 0
     for text in _documents(source, column):
-        if text:
+        if text and not rule.held(text):
             yield text
             seen += len(text)
             if seen >= max_chars:
@@ -122,19 +131,25 @@ def _sample_texts(source: ResolvedSource, column: str, max_chars: int):
 
 
 def _documents(source: ResolvedSource, column: str):
-    """Every document of a source, in the order packing reads them (plain pyarrow: no Ray needed)."""
+    """Every document of a source, in order (plain pyarrow: no Ray needed)."""
     dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
     for batch in dataset.to_batches(columns={"text": pc.field(*column.split("."))}, batch_size=512):
         yield from batch.column(0).to_pylist()
 
 
-def _held_out(spec: DataSpec, resolved: dict[str, ResolvedSource], cache: TokenCache) -> held_out.HeldOut:
-    """The text behind the cache's validation rows (held_out.py), rebuilt from the sources."""
+def _held_out(spec: DataSpec, held_texts: list[list[str]], cache: TokenCache) -> held_out.HeldOut:
+    """The text behind the cache's validation rows (held_out.py), from the held-out documents the
+    tokenize tasks set aside (per source, one file per unit read, in stream order)."""
     return held_out.build(
-        (_documents(resolved[s.name], s.text_column) for s in spec.sources),
+        (_texts(files) for files in held_texts),
         [cache.manifest["sources"][s.name]["val_rows"] for s in spec.sources],
         cache.seq_len, cache.tokenizer_dir / "tokenizer.json", cache.manifest["eos_id"], cache.val,
     )  # fmt: skip
+
+
+def _texts(files: list[str]):
+    for file in files:
+        yield from pq.read_table(file).column("text").to_pylist()
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
@@ -168,33 +183,35 @@ def list_units(index: int, source: ResolvedSource, column: str) -> list[Unit]:
 
 def _write_rows(
     spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path
-) -> dict:
-    """Tokenize, pack and place every source's rows in tasks; the driver sees token counts only."""
+) -> tuple[dict, list[list[str]]]:
+    """Tokenize, hold out, pack and place every source's rows in tasks; the driver sees token counts only.
+    Returns the manifest and, per source, the files of held-out documents the tasks set aside."""
     tokenizer = load_tokenizer(tmp / "tokenizer")
     vocab = len(tokenizer)
     dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32).name
     weights = [s.weight for s in spec.sources]
-    rows = list(zip(split_rows(spec.train_rows, weights), split_rows(spec.val_rows, weights), strict=True))
-    need = [t + v for t, v in rows]
-    stretches = _tokenized(spec, resolved, units, tmp, tokenizer.eos_token_id, dtype, need)
+    rows = {"train": split_rows(spec.train_rows, weights), "val": split_rows(spec.val_rows, weights)}
+    read = _tokenized(spec, resolved, units, tmp, tokenizer.eos_token_id, dtype, rows)
     shapes = {"train": (spec.train_rows, spec.seq_len), "val": (spec.val_rows, spec.seq_len)}
     for split, shape in shapes.items():
         np.memmap(tmp / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
-    jobs, train_at, val_at = [], 0, 0
-    for (n_train, n_val), source_stretches in zip(rows, stretches, strict=True):
-        offset, end = 0, (n_train + n_val) * spec.seq_len
-        for file, length in source_stretches:
-            if offset >= end:
-                break
-            jobs.append({"file": file, "offset": offset, "length": min(length, end - offset),
-                         "val_rows": n_val, "val_at": val_at, "train_at": train_at})  # fmt: skip
-            offset += length
-        train_at, val_at = train_at + n_train, val_at + n_val
+    jobs = []
+    for split in SPLITS:
+        at = 0  # the split's first row for this source
+        for n_rows, source_units in zip(rows[split], read, strict=True):
+            offset, end = 0, n_rows * spec.seq_len
+            for unit in source_units:
+                if offset >= end:
+                    break
+                if unit[split]:
+                    jobs.append({"split": split, "file": f"{unit['stem']}-{split}.npy", "offset": offset,
+                                 "length": min(unit[split], end - offset), "at": at})  # fmt: skip
+                offset += unit[split]
+            at += n_rows
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
     written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab, here=True)
-    shutil.rmtree(tmp / STREAM_DIR)
-    return {
+    manifest = {
         "format": CACHE_FORMAT_VERSION,
         "seq_len": spec.seq_len,
         "vocab_size": vocab,
@@ -203,52 +220,75 @@ def _write_rows(
         "train_rows": spec.train_rows,
         "val_rows": spec.val_rows,
         "train_tokens": spec.train_rows * spec.seq_len,
+        "held_out_probability": spec.held_out.probability,
         "sources": {
             s.name: {"train_rows": t, "val_rows": v, "weight": s.weight}
-            for s, (t, v) in zip(spec.sources, rows, strict=True)
+            for s, t, v in zip(spec.sources, rows["train"], rows["val"], strict=True)
         },  # fmt: skip
         "unigram_entropy_nats": unigram_entropy(sum(r["counts"] for r in written)),
     }
+    return manifest, [[f"{u['stem']}-held.parquet" for u in source_units] for source_units in read]
 
 
 def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path,
-               eos_id: int, dtype: str, need_rows: list[int]) -> list[list[tuple[str, int]]]:  # fmt: skip
-    """Tokenize each source's units, in rounds, until it holds the packed rows its weight asks for; per
-    source, its (stream file, tokens) in document order. A source stops being read once it has enough,
-    so a hub-sized source costs only the tokens the budget asks for: the first round reads one unit of
-    each, the next as many as its token rate says are still missing (and a quarter more)."""
+               eos_id: int, dtype: str, rows: dict[str, list[int]]) -> list[list[dict]]:  # fmt: skip
+    """Tokenize each source's units, in rounds, until its training and validation streams hold the rows
+    its weight asks for; per source, the units read, in document order: {stem of their files, train and
+    val tokens}. A source stops being read once it has enough, so a hub-sized source costs only the tokens
+    the budget asks for."""
     (tmp / STREAM_DIR).mkdir()
     pending = list(units)
-    need = [rows * spec.seq_len for rows in need_rows]
-    done: list[list[tuple[str, int]]] = [[] for _ in spec.sources]
-    while short := [i for i in range(len(need)) if _tokens(done[i]) < need[i] and pending[i]]:
+    need = [{split: rows[split][i] * spec.seq_len for split in SPLITS} for i in range(len(spec.sources))]
+    done: list[list[dict]] = [[] for _ in spec.sources]
+    while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and pending[i]]:
         batch = []
         for i in short:
-            missing = need[i] - _tokens(done[i])
-            take = 1 if not done[i] else math.ceil(1.25 * missing * len(done[i]) / _tokens(done[i]))
+            take = _units_to_read(done[i], need[i], spec.held_out)
             batch += pending[i][:take]
             pending[i] = pending[i][take:]
         first = sum(map(len, done))  # units are numbered across rounds
         items = [{"unit": first + n, **asdict(u)} for n, u in enumerate(batch)]
-        results = {int(r["unit"]): int(r["tokens"]) for r in _in_tasks(
+        results = {int(r["unit"]): r for r in _in_tasks(
             _tokenize_unit, items, tuple(resolved[s.name].filesystem for s in spec.sources),
             tuple(s.text_column for s in spec.sources), str(tmp / "tokenizer"), eos_id, dtype, str(tmp / STREAM_DIR),
+            spec.held_out,
         )}  # fmt: skip
         for item, unit in zip(items, batch, strict=True):
-            done[unit.source].append((str(tmp / STREAM_DIR / f"{item['unit']}.npy"), results[item["unit"]]))
-    for source, tokens, stretches in zip(spec.sources, need, done, strict=True):
-        if _tokens(stretches) < tokens:
-            packed = _tokens(stretches) // spec.seq_len * spec.seq_len
+            lengths = {split: int(results[item["unit"]][split]) for split in SPLITS}
+            done[unit.source].append({"stem": str(tmp / STREAM_DIR / str(item["unit"])), **lengths})
+    for source, needed, read in zip(spec.sources, need, done, strict=True):
+        if _missing(read, needed):
+            held = {split: _tokens(read, split) for split in SPLITS}
             raise SourceTooSmall(
-                f"data source '{source.name}' ({source.uri}) holds {packed:,} tokens after packing, but its "
-                f"weight asks for {tokens:,} (train + validation); lower data.token_budget, change "
-                "its weight, or add documents"
+                f"data source '{source.name}' ({source.uri}) holds {held['train']:,} training tokens and "
+                f"{held['val']:,} held-out ones (a random {spec.held_out.probability:.1%} of its documents "
+                f"is held out), but its weight asks for {needed['train']:,} and {needed['val']:,}; lower "
+                "data.token_budget, change its weight, or add documents"
             )
     return done
 
 
-def _tokens(stretches: list[tuple[str, int]]) -> int:
-    return sum(length for _, length in stretches)
+def _tokens(read: list[dict], split: str) -> int:
+    return sum(unit[split] for unit in read)
+
+
+def _missing(read: list[dict], need: dict[str, int]) -> dict[str, int]:
+    """The tokens each of a source's streams still lacks (only the streams that lack some)."""
+    return {
+        split: need[split] - _tokens(read, split) for split in SPLITS if _tokens(read, split) < need[split]
+    }
+
+
+def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule) -> int:
+    """The first round reads one unit of a source; the next as many as its slower stream's token rate
+    says are still missing (and a quarter more). A stream that has no tokens yet is expected at its share
+    of the tokens read."""
+    if not read:
+        return 1
+    total = sum(_tokens(read, split) for split in SPLITS)
+    share = {"train": 1 - rule.probability, "val": rule.probability}
+    per_unit = {split: max(_tokens(read, split) or share[split] * total, 1) / len(read) for split in SPLITS}
+    return math.ceil(1.25 * max(missing / per_unit[split] for split, missing in _missing(read, need).items()))
 
 
 def _cores() -> int:
@@ -264,38 +304,46 @@ def _fast_tokenizer(tokenizer_dir: str) -> Tokenizer:
 
 
 def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_dir: str, eos_id: int,
-                   dtype: str, out: str) -> dict:  # fmt: skip
+                   dtype: str, out: str, rule: HeldOutRule) -> dict:  # fmt: skip
     """Ray Data task: read a unit's documents, tokenize them, end each with EOS, and save the unit's
-    stretch of the packed stream to `out/<unit>.npy`; return its length."""
+    stretch of the source's training stream (`out/<unit>-train.npy`) and of its validation stream
+    (`<unit>-val.npy`, the held-out documents), and the held-out documents' text (`<unit>-held.parquet`,
+    for the held-out record); return the stretches' lengths."""
     column = columns[unit["source"]]
     shard = pq.ParquetFile(unit["path"], filesystem=filesystems[unit["source"]])
     table = shard.read_row_group(unit["row_group"], columns=[column.split(".")[0]])
     texts = [t or "" for t in text_values(table, column)]
+    held = [rule.held(text) for text in texts]
     docs = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
-    stream = np.array([t for doc in docs for t in (*doc.ids, eos_id)], dtype=dtype)
-    np.save(Path(out) / f"{unit['unit']}.npy", stream)
-    return {"unit": unit["unit"], "tokens": len(stream)}
+    stem = Path(out) / str(unit["unit"])
+    lengths = {}
+    for split, is_held in (("train", False), ("val", True)):
+        ids = [t for doc, h in zip(docs, held, strict=True) if h == is_held for t in (*doc.ids, eos_id)]
+        np.save(f"{stem}-{split}.npy", np.array(ids, dtype=dtype))
+        lengths[split] = len(ids)
+    held_texts = [text for text, h in zip(texts, held, strict=True) if h]
+    pq.write_table(pa.table({"text": pa.array(held_texts, pa.string())}), f"{stem}-held.parquet")
+    return {"unit": unit["unit"], **lengths}
 
 
 def _write_stretch(
     job: dict, slots: np.ndarray, cache_dir: str, shapes: dict, dtype: str, vocab: int
 ) -> dict:
-    """Ray Data task: place a unit's stretch of a source's stream into its rows of the cache. The
-    source's first `val_rows` rows go to val.bin from row `val_at`; the rest to their shuffled training
-    slots. Returns the token counts of the training rows it wrote (for the unigram entropy)."""
-    cache = {split: np.memmap(Path(cache_dir) / f"{split}.bin", dtype=dtype, mode="r+", shape=shape)
-             for split, shape in shapes.items()}  # fmt: skip
-    n_val, val_at, train_at = job["val_rows"], job["val_at"], job["train_at"]
+    """Ray Data task: place a stretch of a source's training or validation stream into its rows of the
+    cache. A source's validation rows go to val.bin in stream order from row `at`; its training rows
+    `at`, `at` + 1, ... to their shuffled slots in train.bin. Returns the token counts of the training
+    rows it wrote (for the unigram entropy)."""
+    split = job["split"]
+    cache = np.memmap(Path(cache_dir) / f"{split}.bin", dtype=dtype, mode="r+", shape=shapes[split])
     counts = np.zeros(vocab, dtype=np.int64)
     tokens = np.load(job["file"])[: job["length"]]
-    for first, column, block in row_blocks(tokens, job["offset"], shapes["train"][1]):
-        rows, columns = np.arange(first, first + len(block)), slice(column, column + block.shape[1])
-        held = rows < n_val
-        cache["val"][val_at + rows[held], columns] = block[held]
-        cache["train"][slots[train_at + rows[~held] - n_val], columns] = block[~held]
-        counts += np.bincount(block[~held].ravel(), minlength=vocab)
-    for array in cache.values():
-        array.flush()
+    for first, column, block in row_blocks(tokens, job["offset"], shapes[split][1]):
+        rows = job["at"] + np.arange(first, first + len(block))
+        if split == "train":
+            rows = slots[rows]
+            counts += np.bincount(block.ravel(), minlength=vocab)
+        cache[rows, column : column + block.shape[1]] = block
+    cache.flush()
     return {"counts": counts}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from rayb.data.sources import check_uri, local_uri
+from rayb.data.split import HeldOutRule
 from rayb.spec import Spec
 
 BYTES_TOKENIZER, BYTE_VOCAB = "bytes", 257  # 256 byte tokens and the end-of-text token
@@ -54,8 +55,14 @@ class DataSpec(Spec):
     )
     seq_len: int = Field(default=128, ge=8, le=1 << 20)
     token_budget: int = Field(gt=0, description="training tokens every model sees")
-    val_share: float = Field(default=0.05, gt=0, lt=0.5, description="held-out tokens / training tokens")
-    seed: int = 0
+    val_share: float = Field(
+        default=0.05,
+        gt=0,
+        lt=0.5,
+        description="held-out tokens / training tokens: val.bin holds round(val_share × training rows) rows, "
+        "packed from a seeded random sample of whole documents (never one a training row holds)",
+    )
+    seed: int = Field(default=0, description="the order of the training rows and the sample held out")
 
     @field_validator("tokenizer")
     @classmethod
@@ -139,3 +146,8 @@ class DataSpec(Spec):
     @property
     def val_rows(self) -> int:
         return max(1, round(self.train_rows * self.val_share))
+
+    @property
+    def held_out(self) -> HeldOutRule:
+        """Which documents are held out for validation (split.py)."""
+        return HeldOutRule(self.seed, self.val_share)
