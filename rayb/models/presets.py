@@ -3,8 +3,10 @@
 A preset is an architecture, a config, and the vocabulary and context it was defined with; `rayb
 params NAME` counts it, and a study can use one as `preset: NAME`. Counts for the official
 checkpoints are their published totals (tests build each preset on the meta device and pin them).
-The plans' scales were solved with `rayb match` under each architecture's shape rules and frozen
-here, so a named size means the same model in every study.
+The plans' scales are the member of each architecture's shape family (rayb/models/sizing.py) nearest
+the named size, as `rayb match` solves it, frozen here so a named size means the same model in every
+study (a test holds them to the solver). Where the family has no shape within ±2% of the size, the
+preset says how far its count is.
 """
 
 from __future__ import annotations
@@ -62,34 +64,35 @@ PRESETS: dict[str, Preset] = {
         _mamba("mamba-130m", 768, 24, 129_135_360),
         _mamba("mamba-370m", 1024, 48, 371_516_416),
         # GPT-2 at the small scales (GPT-2 tokenizer). Sized by non-embedding parameters: a
-        # 50,257-token embedding alone is 3.2M at width 64, so "3.5M total" leaves no model.
-        _scale("gpt2-3.5m", "gpt2", {"d_model": 192, "n_layer": 8, "n_head": 3}, GPT2_VOCAB, 1024,
-               3_500_000, "non-embedding", "GPT-2 at 3.5M non-embedding parameters"),
-        _scale("gpt2-8m", "gpt2", {"d_model": 288, "n_layer": 8, "n_head": 9}, GPT2_VOCAB, 1024,
-               8_000_000, "non-embedding", "GPT-2 at 8M non-embedding parameters"),
-        _scale("gpt2-30m", "gpt2", {"d_model": 480, "n_layer": 11, "n_head": 15}, GPT2_VOCAB, 1024,
-               30_000_000, "non-embedding", "GPT-2 at 30M non-embedding parameters"),
+        # 50,257-token embedding alone is 3.2M at width 64, so "3.5M total" leaves no model. One
+        # layer or 32 of width is a 12-25% step at these sizes, so the family misses ±2%.
+        _scale("gpt2-3.5m", "gpt2", {"d_model": 256, "n_layer": 4, "n_head": 4}, GPT2_VOCAB, 1024,
+               3_500_000, "non-embedding", "GPT-2 nearest 3.5M non-embedding parameters (3.16M, -9.7%)"),
+        _scale("gpt2-8m", "gpt2", {"d_model": 352, "n_layer": 5, "n_head": 11}, GPT2_VOCAB, 1024,
+               8_000_000, "non-embedding", "GPT-2 nearest 8M non-embedding parameters (7.46M, -6.8%)"),
+        _scale("gpt2-30m", "gpt2", {"d_model": 544, "n_layer": 8, "n_head": 17}, GPT2_VOCAB, 1024,
+               30_000_000, "non-embedding", "GPT-2 nearest 30M non-embedding parameters (28.5M, -5.1%)"),
         _scale("gpt2-125m", "gpt2", {"d_model": 768, "n_layer": 12, "n_head": 12}, GPT2_VOCAB, 1024,
                125_000_000, "total", "GPT-2 small's shape"),
         # Transformer++ / Mamba-2 / Gated DeltaNet at ~50M/360M/760M total with the Llama-2 32K
         # vocabulary, as in the Gated DeltaNet and Titans papers' comparisons.
-        _scale("llama-50m", "llama", {"d_model": 576, "n_layer": 8, "n_head": 9}, LLAMA2_VOCAB, 2048,
+        _scale("llama-50m", "llama", {"d_model": 544, "n_layer": 9, "n_head": 17}, LLAMA2_VOCAB, 2048,
                50_000_000, "total", "Transformer++ at ~50M"),
-        _scale("llama-360m", "llama", {"d_model": 1216, "n_layer": 18, "n_head": 19}, LLAMA2_VOCAB, 2048,
+        _scale("llama-360m", "llama", {"d_model": 1184, "n_layer": 19, "n_head": 37}, LLAMA2_VOCAB, 2048,
                360_000_000, "total", "Transformer++ at ~360M"),
-        _scale("llama-760m", "llama", {"d_model": 1536, "n_layer": 25, "n_head": 24}, LLAMA2_VOCAB, 2048,
+        _scale("llama-760m", "llama", {"d_model": 1568, "n_layer": 24, "n_head": 49}, LLAMA2_VOCAB, 2048,
                760_000_000, "total", "Transformer++ at ~760M"),
-        _scale("mamba2-50m", "mamba2", {"d_model": 512, "n_layer": 19}, LLAMA2_VOCAB, 2048,
+        _scale("mamba2-50m", "mamba2", {"d_model": 544, "n_layer": 17, "head_dim": 64}, LLAMA2_VOCAB, 2048,
                50_000_000, "total", "Mamba-2 at ~50M"),
-        _scale("mamba2-360m", "mamba2", {"d_model": 1152, "n_layer": 38}, LLAMA2_VOCAB, 2048,
+        _scale("mamba2-360m", "mamba2", {"d_model": 1184, "n_layer": 37, "head_dim": 64}, LLAMA2_VOCAB, 2048,
                360_000_000, "total", "Mamba-2 at ~360M"),
-        _scale("mamba2-760m", "mamba2", {"d_model": 1536, "n_layer": 48}, LLAMA2_VOCAB, 2048,
+        _scale("mamba2-760m", "mamba2", {"d_model": 1536, "n_layer": 48, "head_dim": 64}, LLAMA2_VOCAB, 2048,
                760_000_000, "total", "Mamba-2 at ~760M"),
-        _scale("gated_deltanet-50m", "gated_deltanet", {"d_model": 512, "n_layer": 9, "head_dim": 64, "n_head": 6},
+        _scale("gated_deltanet-50m", "gated_deltanet", {"d_model": 544, "n_layer": 8, "head_dim": 64, "n_head": 6},
                LLAMA2_VOCAB, 2048, 50_000_000, "total", "Gated DeltaNet at ~50M"),
         _scale("gated_deltanet-360m", "gated_deltanet", {"d_model": 1152, "n_layer": 18, "head_dim": 64, "n_head": 13},
                LLAMA2_VOCAB, 2048, 360_000_000, "total", "Gated DeltaNet at ~360M"),
-        _scale("gated_deltanet-760m", "gated_deltanet", {"d_model": 1472, "n_layer": 23, "head_dim": 64, "n_head": 17},
+        _scale("gated_deltanet-760m", "gated_deltanet", {"d_model": 1504, "n_layer": 23, "head_dim": 64, "n_head": 17},
                LLAMA2_VOCAB, 2048, 760_000_000, "total", "Gated DeltaNet at ~760M"),
         # The neuromorphic plan's from-scratch baselines (32K vocabulary).
         _scale("pythia-d768-l12-32k", "pythia", {"d_model": 768, "n_layer": 12, "n_head": 12},

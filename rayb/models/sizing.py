@@ -1,10 +1,20 @@
-"""Size matching: solve an architecture's width and depth for a parameter target.
+"""Size matching: each architecture's shape family, and the member of it nearest a parameter target.
 
-Every registered architecture has shape rules, `shape(d_model, n_layer) -> config` (heads, FFN width,
-state size follow from the two), and a closed-form cost. Parameters are affine in depth at a fixed
-width (a multiple of 16, 32 or 64 as it grows) two cost evaluations give the depth that lands nearest the
-target; among the shapes within tolerance the one closest to the architecture's preferred
-width/depth ratio wins. Keys the caller pins (`fixed`, e.g. {"d_state": 16} or {"n_layer": 6}) stay.
+The family. Every registered architecture has shape rules, `shape(d_model, n_layer) -> config` (heads,
+FFN width, state size follow from the two), a closed-form cost, and a preferred d_model/n_layer ratio,
+its `aspect` (64 for the transformers, GPT-2 small's 768/12; 32 for Mamba, whose layers are half a
+transformer block). Its family is one sequence of shapes grown from d_model 32 × 1 layer, one step at a
+time: a layer more, or WIDTH_STEP more width, whichever leaves d_model/n_layer nearer the aspect (a tie
+adds the layer). So widths are multiples of 32 (heads 32 or 64 wide, as the shape rules pick), the ratio
+stays within one step of the aspect, and depth and width never shrink as the target grows: every size of
+an architecture is the same model family, which is what a scaling-law fit over them assumes.
+
+The match. A target gets the family member whose count is nearest it in ratio. Consecutive members differ
+by about 1/n_layer in parameters (25% at 4 layers, 4% at 25), so below a few hundred million parameters
+the nearest member can miss ±2%: the match then says so (`Match.note`, with both neighbours) instead of
+leaving the family for a shape that hits the number. No rule can do both: a sequence whose width and
+depth never shrink moves one step at a time, and one step is that large. Keys the caller pins (`fixed`,
+e.g. {"d_state": 16} or {"n_layer": 6}) stay; pinning n_layer or d_model walks the other one alone.
 """
 
 from __future__ import annotations
@@ -12,13 +22,15 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rayb.models.accounting import Cost
 from rayb.models.registry import Architecture, configure, get_arch
 
 By = Literal["total", "non-embedding"]
+WIDTH_STEP = 32  # the smallest usual head size: widths stay multiples of it
 MAX_WIDTH = 16384
 MAX_LAYERS = 256
 TOLERANCE = 0.02
@@ -52,6 +64,7 @@ class Match:
     cost: Cost
     target: int
     by: By
+    note: str = ""  # set when no member of the family is within the tolerance: what the nearest miss by
 
     @property
     def params(self) -> int:
@@ -60,6 +73,25 @@ class Match:
     @property
     def error(self) -> float:
         return self.params / self.target - 1
+
+    @property
+    def shape(self) -> str:
+        return f"d_model {self.config['d_model']} × {self.config['n_layer']} layers"
+
+
+def family(spec: Architecture, fixed: dict[str, Any]) -> Iterator[tuple[int, int]]:
+    """The architecture's shapes (d_model, n_layer), smallest first; see the module docstring."""
+    d, n_layer = fixed.get("d_model", WIDTH_STEP), fixed.get("n_layer", 1)
+    while d <= MAX_WIDTH and n_layer <= MAX_LAYERS:
+        yield d, n_layer
+        if "d_model" in fixed and "n_layer" in fixed:
+            return
+        wider = abs(math.log((d + WIDTH_STEP) / n_layer / spec.aspect))
+        deeper = abs(math.log(d / (n_layer + 1) / spec.aspect))
+        if "n_layer" in fixed or ("d_model" not in fixed and wider < deeper):
+            d += WIDTH_STEP
+        else:
+            n_layer += 1
 
 
 def match(
@@ -71,6 +103,8 @@ def match(
     fixed: dict[str, Any] | None = None,
     tolerance: float = TOLERANCE,
 ) -> Match:
+    """The member of `arch`'s family nearest `target` parameters; its `note` says when it misses the
+    tolerance. SizeError when the target lies outside the family."""
     spec = get_arch(arch)
     if spec.shape is None or spec.cost is None:
         raise SizeError(
@@ -78,48 +112,57 @@ def match(
             "(register it with `shape=` and `cost=` to make it matchable)"
         )
     fixed = dict(fixed or {})
-    widths = _widths(fixed)
-    _check_reachable(spec, target, by, vocab_size, seq_len, fixed, widths[0])
-
-    candidates: list[Match] = []
-    closest: Match | None = None
-    for d in widths:
-        shallowest = _evaluate(spec, d, fixed.get("n_layer", 1), target, by, vocab_size, seq_len, fixed)
-        if shallowest and shallowest.params > target * (1 + tolerance):
-            break  # wider only grows
-        for n_layer in _depths(spec, d, target, by, vocab_size, seq_len, fixed):
-            found = _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed)
-            if found is None:
-                continue
-            if abs(found.error) <= tolerance:
-                candidates.append(found)
-            if closest is None or abs(found.error) < abs(closest.error):
-                closest = found
-    if not candidates:
-        nearest = (
-            f"; the closest is {closest.config} with {closest.params:,} ({closest.error:+.1%})"
-            if closest
-            else ""
-        )
+    below, above = _bracket(spec, target, by, vocab_size, seq_len, fixed)
+    if below is None:
+        _too_small(spec, above, fixed, vocab_size, tolerance)
+    if above is None and below.error < -tolerance:
         raise SizeError(
-            f"no {arch} shape under its shape rules (d_model a multiple of 16"
-            f"{', fixed ' + str(fixed) if fixed else ''}) is within ±{tolerance:.0%} of {target:,} {by} "
-            f"parameters{nearest}"
+            f"{target:,} {by} parameters is beyond {arch}'s family (d_model ≤ {MAX_WIDTH}, n_layer ≤ "
+            f"{MAX_LAYERS}{', fixed ' + str(fixed) if fixed else ''}): its largest shape, {below.shape}, "
+            f"has {below.params:,}"
         )
+    nearest = min((m for m in (below, above) if m), key=lambda m: abs(math.log(m.params / target)))
+    if abs(nearest.error) <= tolerance:
+        return nearest
+    neighbours = " and ".join(f"{m.shape} ({m.error:+.1%})" for m in (below, above) if m)
+    return replace(
+        nearest,
+        note=f"no shape of {arch}'s family{' with ' + str(fixed) if fixed else ''} is within ±{tolerance:.0%} "
+        f"of {target:,} {by} parameters; the nearest are {neighbours}. Pin d_model and n_layer in the "
+        "config for another count",
+    )
 
-    def score(m: Match) -> tuple[float, float]:
-        ratio = m.config["d_model"] / m.config["n_layer"]
-        return abs(math.log(ratio / spec.aspect)), abs(m.error)
 
-    return min(candidates, key=score)
+def _bracket(spec, target, by, vocab_size, seq_len, fixed) -> tuple[Match | None, Match | None]:
+    """The family's largest member at or below the target, and its smallest above (None: there is none)."""
+    below = None
+    for d, n_layer in family(spec, fixed):
+        found = _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed)
+        if found is None:  # a shape the rules reject (a pinned key that does not fit this width)
+            continue
+        if found.params > target:
+            return below, found
+        below = found
+    if below is None:
+        raise SizeError(f"{spec.name} rejects every shape of its family with {fixed}; check the fixed keys")
+    return below, None
 
 
-def _widths(fixed: dict[str, Any]) -> list[int]:
-    if "d_model" in fixed:
-        return [fixed["d_model"]]
-    # Multiples of 16 for tiny models (enough shapes to hit ±2% at sensible depths), of 32 up to 512,
-    # then of 64, so heads stay 64 wide where it matters.
-    return [*range(32, 256, 16), *range(256, 512, 32), *range(512, MAX_WIDTH + 1, 64)]
+def _too_small(spec, smallest: Match, fixed, vocab_size, tolerance) -> None:
+    """The target lies below the smallest member: fine within the tolerance, else say what takes the room."""
+    if smallest.error <= tolerance:
+        return
+    cost, target, by = smallest.cost, smallest.target, smallest.by
+    why = (
+        f"{cost.embedding_params:,} of them are the embedding (vocabulary {vocab_size:,} × d_model "
+        f"{smallest.config['d_model']}); use a smaller vocabulary or --by non-embedding"
+        if by == "total" and cost.embedding_params > target
+        else "raise the target or unpin fixed keys"
+    )
+    raise SizeError(
+        f"{target:,} {by} parameters is too small for {spec.name}: its smallest shape "
+        f"({smallest.shape}{', fixed ' + str(fixed) if fixed else ''}) already has {smallest.params:,}; {why}"
+    )
 
 
 def _config(spec: Architecture, d: int, n_layer: int, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -139,34 +182,3 @@ def _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed) -> Match
     config = _config(spec, d, n_layer, fixed)
     cost = _cost(spec.name, tuple(sorted(config.items())), vocab_size, seq_len)
     return None if cost is None else Match(spec.name, config, cost, target, by)
-
-
-def _depths(spec, d, target, by, vocab_size, seq_len, fixed) -> list[int]:
-    """The depths around the one whose count lands nearest the target (counts are affine in depth)."""
-    if "n_layer" in fixed:
-        return [fixed["n_layer"]]
-    one, two = (_evaluate(spec, d, n, target, by, vocab_size, seq_len, fixed) for n in (1, 2))
-    if one is None or two is None or two.params <= one.params:
-        return []
-    best = round((target - one.params) / (two.params - one.params)) + 1
-    return [n for n in (best - 1, best, best + 1) if 1 <= n <= MAX_LAYERS]
-
-
-def _check_reachable(spec, target, by, vocab_size, seq_len, fixed, smallest_width) -> None:
-    """The smallest model the rules allow; if even it is too big, say what takes the room."""
-    n_layer = fixed.get("n_layer", 1)
-    smallest = _evaluate(spec, smallest_width, n_layer, target, by, vocab_size, seq_len, fixed)
-    if smallest is None:
-        raise SizeError(f"{spec.name} rejects its own smallest shape with {fixed}; check the fixed keys")
-    cost, config = smallest.cost, smallest.config
-    if smallest.params > target * (1 + TOLERANCE):
-        why = (
-            f"{cost.embedding_params:,} of them are the embedding (vocabulary {vocab_size:,} × d_model "
-            f"{config['d_model']}); use a smaller vocabulary or --by non-embedding"
-            if by == "total" and cost.embedding_params > target
-            else "raise the target or unpin fixed keys"
-        )
-        raise SizeError(
-            f"{target:,} {by} parameters is too small for {spec.name}: its smallest shape "
-            f"(d_model {config['d_model']}, {n_layer} layer(s)) already has {smallest.params:,}; {why}"
-        )
