@@ -1,12 +1,13 @@
 """Size matching: each architecture's sizes come from one shape family (depth and width never shrink, the
 width/depth ratio stays near the architecture's, heads 32 or 64 wide); a target gets the family member
-nearest it, within ±2% or saying by how much it misses."""
+nearest it, within ±2% or saying by how much it misses; models compared unlike in size are flagged."""
 
 from __future__ import annotations
 
 import json
 import math
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +17,7 @@ from rayb.models import count_params
 from rayb.models.accounting import build_on_meta, model_cost
 from rayb.models.presets import PRESETS
 from rayb.models.registry import available, get_arch
-from rayb.models.sizing import SizeError, family, match, parse_size
+from rayb.models.sizing import SizeError, comparability_warnings, family, match, parse_size
 
 ZOO = ["gpt2", "nanogpt", "pythia", "llama", "mamba", "mamba2", "gated_deltanet", "rwkv6"]
 SIZES = ["3.5M", "8M", "30M", "125M", "360M", "760M"]
@@ -159,3 +160,42 @@ def test_match_cli_depth_like_holds_the_references_depth():
     assert "n_layer held at gpt2's" in table.output and "no shape of" in table.output
     unknown = CliRunner().invoke(app, [*args, "--depth-like", "gpt5", "--json"])
     assert unknown.exit_code == 1 and "--depth-like gpt5" in json.loads(unknown.output)[0]["error"]
+
+
+def test_comparability_warnings_say_what_was_matched_and_what_differs():
+    models = [
+        ("gpt2", 16_287_488, 1.09e8, 4),
+        ("rwkv6", 29_615_616, 1.01e8, 4),  # untied head: 1.82× the total parameters
+        ("mamba", 16_370_176, 0.99e8, 9),  # 2.25× the depth
+        ("llama", 20_359_360, 1.36e8, 8),  # 1.25× exactly and 2× exactly: not flagged
+        ("pythia-pretrained", None, None, None),
+    ]
+    warnings = comparability_warnings(models, "non-embedding parameters", reference="gpt2")
+    assert warnings == [
+        "rwkv6 vs gpt2, matched by non-embedding parameters, still differ in total parameters 29,615,616 vs "
+        "16,287,488 (1.82×, more than 1.25×)",
+        "mamba vs gpt2, matched by non-embedding parameters, still differ in depth 9 vs 4 layers (2.25×, "
+        "more than 2×)",
+    ]
+    # Without a reference every pair is compared; FLOPs are flagged too.
+    pairs = comparability_warnings(
+        [("a", 100, 1e9, 4), ("b", 100, 2e9, 4), ("c", 100, 1e9, 4)], "total parameters"
+    )
+    assert pairs == [
+        "b vs a, matched by total parameters, still differ in training FLOPs per token 2e+09 vs 1e+09 (2.00×, more than 1.25×)",
+        "c vs b, matched by total parameters, still differ in training FLOPs per token 1e+09 vs 2e+09 (2.00×, more than 1.25×)",
+    ]
+
+
+def test_validate_prints_misses_and_unlike_comparisons():
+    study = Path(__file__).parent.parent / "configs" / "groundthink-gate.yaml"
+    result = CliRunner().invoke(app, ["validate", str(study)])
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "candidate-3.5m: no shape of rwkv6's family is within ±2% of 3,500,000 non-embedding" in output
+    # The gate compares candidate-8m with gpt2-8m only: RWKV-6's untied head makes it 1.55× the total.
+    assert (
+        "candidate-8m vs gpt2-8m, matched by non-embedding parameters, still differ in total parameters "
+        "39,564,160 vs 25,508,736 (1.55×, more than 1.25×)" in output
+    )
+    assert "candidate-3.5m vs" not in output

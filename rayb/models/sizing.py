@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -34,6 +34,8 @@ WIDTH_STEP = 32  # the smallest usual head size: widths stay multiples of it
 MAX_WIDTH = 16384
 MAX_LAYERS = 256
 TOLERANCE = 0.02
+# Models compared with each other differ by more than this and the comparison is flagged.
+COMPARABLE_RATIO = {"total parameters": 1.25, "training FLOPs per token": 1.25, "depth": 2.0}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -182,3 +184,45 @@ def _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed) -> Match
     config = _config(spec, d, n_layer, fixed)
     cost = _cost(spec.name, tuple(sorted(config.items())), vocab_size, seq_len)
     return None if cost is None else Match(spec.name, config, cost, target, by)
+
+
+def comparability_warnings(
+    models: Sequence[tuple[str, int | None, float | None, int | None]],
+    matched_by: str,
+    reference: str | None = None,
+) -> list[str]:
+    """What makes models compared with each other unlike in size, one line per pair: total parameters or
+    training FLOPs per token apart by more than 25%, or depth by more than 2× (COMPARABLE_RATIO).
+
+    `models` holds (label, params_total, train_flops_per_token, n_layer); a None (a pretrained reference,
+    a user's model without n_layer) is not compared. Each model is compared with `reference`, or, without
+    one, every pair. `matched_by` says which count the sizes were matched on ("non-embedding parameters"),
+    so the warning reads as what the match left unequal."""
+    counts = {label: dict(zip(COMPARABLE_RATIO, numbers, strict=True)) for label, *numbers in models}
+    if reference in counts:
+        pairs = [(reference, other) for other in counts if other != reference]
+    else:
+        pairs = [(a, b) for i, a in enumerate(counts) for b in list(counts)[i + 1 :]]
+    warnings = []
+    for first, second in pairs:
+        differs = [
+            line
+            for name, limit in COMPARABLE_RATIO.items()
+            if (line := _difference(name, counts[second][name], counts[first][name], limit))
+        ]
+        if differs:
+            warnings.append(
+                f"{second} vs {first}, matched by {matched_by}, still differ in " + "; ".join(differs)
+            )
+    return warnings
+
+
+def _difference(name: str, value: float | None, other: float | None, limit: float) -> str | None:
+    if value is None or other is None or min(value, other) <= 0:
+        return None
+    ratio = max(value, other) / min(value, other)
+    if ratio <= limit:
+        return None
+    shown = f"{value:.3g} vs {other:.3g}" if "FLOPs" in name else f"{value:,} vs {other:,}"
+    shown += " layers" if name == "depth" else ""
+    return f"{name} {shown} ({ratio:.2f}×, more than {limit:g}×)"
