@@ -221,7 +221,7 @@ def _print_verdict(report) -> None:
 
     console.print(format_table(report.verdict))
     for decision in report.gate:
-        colour = "green" if decision.go else "red"
+        colour = {"GO": "green", "INCONCLUSIVE": "yellow"}.get(decision.outcome, "red")
         console.print(
             f"[{colour}]{escape(gate_headline(decision).replace('**', ''))}[/{colour}]", highlight=False
         )

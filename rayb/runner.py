@@ -201,43 +201,102 @@ def run_study(
     for trial in trials:
         if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
             errors[trial.key] = error
-    pending = [t for t in trials if not t.done and t.arch != PRETRAINED_ARCH]
+    wanted = trials if study.seed_rounds is None else adaptive_wanted(study, trials)
+    pending = [t for t in wanted if not t.done and t.arch != PRETRAINED_ARCH]
     if eval_only and pending:
         names = ", ".join(Path(t.trial_dir).name for t in pending[:3]) + (" ..." if len(pending) > 3 else "")
         raise StudyError(
-            f"--eval-only: {len(pending)} of {len(trials)} trials have no finished training ({names}); "
+            f"--eval-only: {len(pending)} of {len(wanted)} trials have no finished training ({names}); "
             "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
         )
     if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
         check_kernels(sorted({t.arch for t in pending}))
     slots = trial_slots(study.train, runtime.device_capacity(study.train.use_gpu))
-    packs = [
-        p for p in pack_trials([t for t in trials if t.arch != PRETRAINED_ARCH], slots, cores) if p.pending
-    ]
     log(
-        f"{len(trials)} trials, {len(trials) - len(pending)} already trained; training {len(pending)} "
-        f"in {len(packs)} worker group{'s' if len(packs) != 1 else ''}, evaluating each as it finishes ..."
+        f"{len(wanted)} trials, {len(wanted) - len(pending)} already trained; training {len(pending)}"
+        + (" in rounds of seeds" if study.seed_rounds else "")
+        + ", evaluating each as it finishes ..."
     )
     evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log)
     feed = FinishedTrials(study, trials)
     stages.end("planning")
+    trained, groups = 0, 0
     with evaluating_beside(evaluations, feed) as evaluated:
-        if packs:
+        while packs := _packs(wanted, slots, cores):
+            trained += sum(len(p.pending) for p in packs)
+            groups = max(groups, min(slots, len(packs)))
             errors |= run_packs(packs, out / "ray" / "tune", min(slots, len(packs)))
+            if study.seed_rounds is None:
+                break
+            await_held_out_loss(study, wanted, evaluated)
+            wanted = adaptive_wanted(study, trials)
+            log(f"seeds per model for the next round: {_seed_counts(wanted)}")
         stages.end("training")
     stages.end("evaluation_after_training")
     try:
         if "failure" in evaluated:
             raise evaluated["failure"]
-        outcome = _report(study, trials, errors, evaluated["errors"], study_dir, provenance)
+        outcome = _report(study, wanted, errors, evaluated["errors"], study_dir, provenance)
         stages.end("report")
-        write_json_atomic(study_dir / TIMINGS, stages.seconds | {"groups_at_once": min(slots, len(packs))})
+        write_json_atomic(study_dir / TIMINGS, stages.seconds | {"groups_at_once": groups})
     except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
         raise _after_training_error(exc, study_dir) from exc
     outcome.evaluated = evaluations.submitted
-    outcome.archive_error = _archive(out, study_dir, trials, archive_uri, log) if archive_uri else None
-    outcome.trained, outcome.wall_s = len(pending), time.perf_counter() - began
+    outcome.archive_error = _archive(out, study_dir, wanted, archive_uri, log) if archive_uri else None
+    outcome.trained, outcome.wall_s = trained, time.perf_counter() - began
     return outcome
+
+
+def _packs(trials: list[TrialSpec], slots: int, cores: int) -> list:
+    return [
+        p for p in pack_trials([t for t in trials if t.arch != PRETRAINED_ARCH], slots, cores) if p.pending
+    ]
+
+
+def adaptive_wanted(study: Study, trials: list[TrialSpec]) -> list[TrialSpec]:
+    """With adaptive seeds, the trials the study wants once its next round is trained, from the held-out
+    losses so far (rayb/analysis/sequential.py): round one runs `min` seeds of every model at every lr;
+    each later round adds a seed, at the lr selected on round one, to the models still undecided."""
+    from rayb.analysis.sequential import seed_values, seeds_to_run
+    from rayb.analysis.verdict import selected_rows
+    from rayb.results import results_frame
+
+    column = study.verdict.gate.metrics[study.verdict.gate.loss_metric].column
+    first = [
+        t for t in trials if study.seeds.index(t.seed) < study.seed_rounds.min or t.arch == PRETRAINED_ARCH
+    ]
+    run = [t for t in trials if t.done]
+    table = results_frame(result_rows(study, run, {})) if run else None
+    if table is None or not (table.status == "ok").any():
+        return first
+    selected = selected_rows(table)
+    lrs = {str(m): float(rows.lr.iloc[0]) for m, rows in selected.groupby("model")}
+    values = {m.label: [] for m in study.trained_models} | seed_values(selected, column)
+    counts = seeds_to_run(values, study.reference, study.significance.rounds)
+    later = [
+        t for t in trials
+        if t not in first and t.lr == lrs.get(t.model) and study.seeds.index(t.seed) < counts.get(t.model, 0)
+    ]  # fmt: skip
+    return first + later
+
+
+def await_held_out_loss(study: Study, trials: list[TrialSpec], evaluated: dict[str, Any]) -> None:
+    """Wait until every trial that trained has its held-out loss evaluated (the eval pool serves that
+    suite first): the next round of seeds is decided on it."""
+    options = study.eval_options.get(PRIMARY_SUITE, {})
+    while "failure" not in evaluated:
+        ok = [t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+        if all(read_result(Path(t.trial_dir), PRIMARY_SUITE, options).get("status") for t in ok):
+            return
+        time.sleep(0.5)
+    raise evaluated["failure"]
+
+
+def _seed_counts(trials: list[TrialSpec]) -> str:
+    counts: dict[str, set[int]] = {}
+    for t in trials:
+        counts.setdefault(t.model, set()).add(t.seed)
+    return ", ".join(f"{model} {len(seeds)}" for model, seeds in counts.items())
 
 
 TIMINGS = "timings.json"  # where this run's wall-clock went, stage by stage (bench/overhead.py reads it)

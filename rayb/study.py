@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rayb.analysis.spec import VerdictSpec
+from rayb.analysis.spec import SeedRoundsSpec, VerdictSpec, significance_rule
 from rayb.data.spec import DataSpec
 from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, parse_suite
 from rayb.files import digest
 from rayb.models.spec import ModelSpec
-from rayb.spec import Spec
+from rayb.spec import Spec, added_field
 from rayb.train.spec import SCHEDULING_FIELDS, TrainSpec
 
 if TYPE_CHECKING:
@@ -51,7 +51,13 @@ class Study(Spec):
     data: DataSpec
     models: list[ModelSpec] = Field(min_length=1)
     train: TrainSpec = TrainSpec()
-    seeds: list[int] = Field(default=[0, 1], min_length=1)
+    seeds: list[int] = Field(
+        default=[0, 1], min_length=1,
+        description="a number (seeds 0..n-1), a list, or {min, max} for adaptive seeds (then seeds 0..max-1)",
+    )  # fmt: skip
+    seed_rounds: SeedRoundsSpec | None = added_field(
+        None, description="set by `seeds: {min, max}`: the rounds in which seeds are added"
+    )
     eval: list[str] = Field(
         default=[PRIMARY_SUITE], min_length=1,
         description="suites to run on every checkpoint: lm (required: it measures the loss every verdict "
@@ -65,6 +71,19 @@ class Study(Spec):
         default="rayb_out",
         description="where outputs go, relative to the directory rayb runs in (or --output)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adaptive_seeds(cls, value: Any) -> Any:
+        # `seeds: {min: 3, max: 10}` may run seeds 0..9, in rounds; the rounds' settings live in seed_rounds.
+        if isinstance(value, dict) and isinstance(value.get("seeds"), dict):
+            rounds = value["seeds"]
+            maximum = rounds.get("max")
+            seeds = (
+                list(range(maximum)) if isinstance(maximum, int) and not isinstance(maximum, bool) else None
+            )
+            value = value | {"seeds": seeds or [0], "seed_rounds": rounds}
+        return value
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -127,6 +146,17 @@ class Study(Spec):
                     f"verdict.reference '{reference}' is a pretrained model, scored in its own tokens: it has no "
                     f"val_loss to compare the others with; name a trained model ({', '.join(trained)})"
                 )
+        if self.seed_rounds is not None:
+            if len(self.seeds) != self.seed_rounds.max:
+                raise ValueError(
+                    f"seeds: adaptive seeds run seeds 0..max-1; write `seeds: {{min: {self.seed_rounds.min}, "
+                    f"max: {self.seed_rounds.max}}}` alone, without a list of seeds"
+                )
+            if self.verdict.gate.significance == "none":
+                raise ValueError(
+                    "seeds: {min, max} adds seeds until each comparison is significant or parity, and "
+                    "verdict.gate.significance: none judges none; set a significance rule or fixed seeds"
+                )
         for name in self.verdict.gate.candidates or []:
             if name not in labels:
                 raise ValueError(f"verdict.gate.candidates: '{name}' is not a model label; one of {labels}")
@@ -185,6 +215,11 @@ class Study(Spec):
     def steps(self) -> int:
         """Optimizer steps over all epochs (every trial's, unless a FLOPs budget sets fewer)."""
         return self.steps_per_epoch * self.train.epochs
+
+    @property
+    def significance(self):
+        """The verdict's and gate's significance rule (rayb/analysis/stats.py), with the study's rounds."""
+        return significance_rule(self.verdict.gate, self.seed_rounds)
 
     @property
     def trained_models(self) -> list[ModelSpec]:
@@ -322,7 +357,8 @@ def format_errors(exc: ValidationError, source: str) -> str:
             message = "unknown field; remove it or check its spelling"
         elif err["type"] == "missing":
             message = "required field is missing"
-        problems.append((".".join(str(p) for p in err["loc"]), message))
+        loc = ["seeds" if p == "seed_rounds" else str(p) for p in err["loc"]]  # as the file writes it
+        problems.append((".".join(loc), message))
     return format_problems(problems, source)
 
 

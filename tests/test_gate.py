@@ -8,7 +8,7 @@ import math
 import pytest
 from conftest import tiny_study_dict
 
-from rayb.analysis.gate import gate_all, grade_ratio, loss_spikes
+from rayb.analysis.gate import gate_all, grade_label, grade_ratio, loss_spikes
 from rayb.analysis.spec import GateSpec, MetricRule
 from rayb.results import ResultRow, results_frame
 from rayb.study import StudyError, parse_study
@@ -21,18 +21,18 @@ SMOOTH = [3.0 + 2.0 * 0.9**s for s in STEPS]
 def _rows(
     model: str, loss: float, state: float | None, speed: float, memory: float, curve=SMOOTH
 ) -> list[ResultRow]:
-    """Two seeds with the given means (±1% either side)."""
+    """Two seeds with the given means (±0.1% either side: every difference the tests grade is significant)."""
     rows = []
     for sign in (-1, 1):
         metrics = {
-            "speed.gen_tokens_per_s": speed * (1 + 0.01 * sign),
-            "speed.gen_peak_bytes": memory * (1 + 0.01 * sign),
+            "speed.gen_tokens_per_s": speed * (1 + 0.001 * sign),
+            "speed.gen_peak_bytes": memory * (1 + 0.001 * sign),
         }
         if state is not None:
-            metrics["statefulness.accuracy"] = state * (1 + 0.01 * sign)
+            metrics["statefulness.accuracy"] = state * (1 + 0.001 * sign)
         rows.append(
             ResultRow(
-                "gate", model, model, 1e-3, (sign + 1) // 2, f"{model}-{sign}", "ok", val_loss=loss * (1 + 0.01 * sign),
+                "gate", model, model, 1e-3, (sign + 1) // 2, f"{model}-{sign}", "ok", val_loss=loss * (1 + 0.001 * sign),
                 curve_step=STEPS, curve_train_loss=curve, metrics=metrics,
             )
         )  # fmt: skip
@@ -93,13 +93,13 @@ def test_one_promising_metric_does_not_pass():
 def test_loss_red_line_stops_an_otherwise_passing_candidate():
     d = decide(loss=1.35, speed=3.0, memory=0.3)  # two excellent, but loss 1.35× the baseline's
     assert not d.go and not d.should_scale
-    assert d.red_lines == ["loss ratio 1.350 is above the red line 1.3"]
+    assert d.red_lines == ["loss ratio 1.350 is above the red line 1.3 (significant at 2 seeds)"]
 
 
 def test_statefulness_below_baseline_is_a_red_line():
     d = decide(loss=0.9, state=0.95)
     assert not d.go
-    assert d.red_lines == ["statefulness ratio 0.950 is below the red line 1"]
+    assert d.red_lines == ["statefulness ratio 0.950 is below the red line 1 (significant at 2 seeds)"]
 
 
 def test_a_loss_spike_is_a_red_line():
@@ -123,7 +123,8 @@ def test_should_scale_with_two_advantages():
     d = decide(loss=1.12, speed=1.3, state=1.2)  # loss within 15%, speed and statefulness good and better
     assert d.should_scale
     assert (
-        "should scale: yes, loss ratio 1.120 ≤ 1.15 with 2 advantages (statefulness, speed" in d.reasons[-1]
+        "should scale: yes, loss ratio 1.120 ≤ 1.15 with 2 significant advantages (statefulness, speed"
+        in d.reasons[-1]
     )
 
 
@@ -131,7 +132,7 @@ def test_should_scale_with_one_advantage_needs_loss_within_5_percent():
     assert decide(loss=1.04, speed=1.3).should_scale
     no = decide(loss=1.08, speed=1.3)
     assert not no.should_scale and no.reasons[-1].startswith(
-        "should scale: no, loss ratio 1.080 with 1 advantage"
+        "should scale: no, loss ratio 1.080 with 1 significant advantage"
     )
 
 
@@ -196,7 +197,9 @@ def test_custom_gate_from_the_study_file():
     d = decide(loss=1.08, speed=2.0, spec=spec, curve=spiked)  # one "good" speed: not enough any more
     assert not d.go and not d.red_lines  # spikes are off
     assert decide(loss=1.04, spec=spec).go  # one promising passes with pass_promising: 1
-    assert decide(loss=1.12, speed=9.0, spec=spec).red_lines == ["loss ratio 1.120 is above the red line 1.1"]
+    assert decide(loss=1.12, speed=9.0, spec=spec).red_lines == [
+        "loss ratio 1.120 is above the red line 1.1 (significant at 2 seeds)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -257,15 +260,71 @@ def test_speed_measured_over_different_generation_lengths_is_not_comparable():
     assert same.grade("speed").grade == "excellent" and same.should_scale
 
 
-def test_significance_alpha_grades_noise_as_parity():
+def test_noise_is_graded_as_parity_by_default():
     noisy = results_frame(_rows("base", **BASE) + _rows("cand", 2.0, 0.5, 100.0, 1000.0))
     noisy.loc[noisy.model == "cand", "statefulness.accuracy"] = [0.30, 0.70]  # mean 0.5, but all over
-    (plain,) = gate_all(GateSpec(), noisy, "base")
-    assert plain.grade("statefulness").grade == "promising"  # ratio 1.25 of the means, as written
-    (strict,) = gate_all(GateSpec(significance_alpha=0.05), noisy, "base")
-    state = strict.grade("statefulness")
-    assert state.at_parity and state.grade == "below good" and state.ratio == pytest.approx(1.25)
-    assert any("not significant: graded as parity (ratio 1)" in r for r in strict.reasons)
+    (d,) = gate_all(GateSpec(), noisy, "base")
+    state = d.grade("statefulness")
+    assert state.point_grade == "promising" and state.ratio == pytest.approx(1.25)  # as measured
+    assert state.at_parity and state.grade == "below good"  # its class at ratio 1
+    assert grade_label(state) == "parity (not significant at 2 seeds)"
+    assert any(r.startswith("statefulness: ") and "→ parity (not significant at 2 seeds: |Δ|=0.1" in r
+               for r in d.reasons)  # fmt: skip
+    loss = d.grade("loss")  # 2.0 vs 3.0, tight: significant, and graded as measured
+    assert loss.significant and loss.grade == loss.point_grade == "excellent" and not loss.at_parity
+    (off,) = gate_all(GateSpec(significance="none"), noisy, "base")
+    assert off.grade("statefulness").grade == "promising" and off.rule.startswith("no significance rule")
+
+
+def test_noise_never_lifts_a_grade():
+    """A worse-looking difference that is not significant keeps its class: parity would flatter it."""
+    noisy = results_frame(_rows("base", **BASE) + _rows("cand", 3.0 * 1.10, 0.4, 100.0, 1000.0))
+    noisy.loc[noisy.model == "cand", "val_loss"] = [3.0, 3.6]  # 10% worse on average, all over
+    loss = gate_all(GateSpec(), noisy, "base")[0].grade("loss")
+    assert not loss.significant and loss.grade == loss.point_grade == "good" and not loss.at_parity
+
+
+def _two_seed_study(candidate_losses: list[float]):
+    table = results_frame(_rows("base", **BASE) + _rows("cand", **BASE))
+    table.loc[table.model == "base", "val_loss"] = [3.03, 3.07]
+    table.loc[table.model == "cand", "val_loss"] = candidate_losses
+    return table
+
+
+@pytest.mark.parametrize("rule", ["2sigma", "welch", "both"])
+def test_one_percent_better_at_p_04_is_inconclusive_never_go(rule):
+    table = _two_seed_study([3.00, 3.04])  # 1.0% lower mean loss, Welch p ≈ 0.40
+    (d,) = gate_all(GateSpec(significance=rule), table, "base")
+    assert d.grade("loss").p_value == pytest.approx(0.40, abs=0.01)
+    assert d.outcome == "INCONCLUSIVE" and not d.go
+    assert d.grade("loss").point_grade == "excellent" and d.grade("loss").grade == "promising"
+    (why,) = d.undecided()
     assert (
-        strict.grade("loss").grade == "excellent" and not strict.grade("loss").at_parity
-    )  # 2.9 vs 3.0, tight
+        why.startswith("loss -1.0% not significant at 2 seeds; ~")
+        and "seeds per model would detect it" in why
+    )
+    assert "pass rule not met: 0 excellent" in " ".join(d.reasons)
+    assert "though it is met on the point estimates" in " ".join(d.reasons)
+    (point,) = gate_all(GateSpec(significance="none"), table, "base")
+    assert point.outcome == "GO"  # as the written gate alone would say
+
+
+def test_a_clear_difference_passes_every_rule():
+    table = _two_seed_study([2.80, 2.81])  # 8% lower, far beyond the spread
+    for rule in ("2sigma", "welch", "both"):
+        (d,) = gate_all(GateSpec(significance=rule), table, "base")
+        assert d.outcome == "GO" and d.grade("loss").significant, rule
+
+
+def test_should_scale_is_inconclusive_on_noise():
+    table = results_frame(_rows("base", **BASE) + _rows("cand", 3.0 * 1.04, 0.4, 130.0, 1000.0))
+    table.loc[table.model == "cand", "speed.gen_tokens_per_s"] = [60.0, 200.0]  # 1.3× on average, all over
+    (d,) = gate_all(GateSpec(), table, "base")
+    assert d.scale == "inconclusive" and not d.should_scale
+    assert "though it would on the point estimates" in d.reasons[-1]
+
+
+def test_significance_alpha_is_refused_with_its_replacement():
+    with pytest.raises(StudyError) as err:
+        parse_study(tiny_study_dict(verdict={"gate": {"significance_alpha": 0.05}}))
+    assert "write `significance: welch` and `alpha: 0.05`" in str(err.value)

@@ -2,9 +2,12 @@
 
 Each gate metric is a ratio of means over seeds (candidate / baseline, each model at its selected
 learning rate), classed "excellent", "promising", "good" or "below good" by the rule's thresholds.
-The gate passes on enough excellent or promising metrics, unless a red line is crossed; `should_scale`
-is a separate decision weighing the loss ratio against the advantages on the other metrics. Every
-decision carries the list of reasons it was made for, so the report can show its work.
+A metric is graded better than parity only when its difference passes the study's significance rule;
+otherwise it is graded as parity (ratio 1). The gate says GO on enough excellent or promising metrics
+unless a red line is crossed (red lines read the point estimates), and INCONCLUSIVE when the pass rule
+holds on the point estimates but not on the significant differences. `should_scale` is a separate
+decision weighing the loss ratio against the advantages on the other metrics, with the same three
+outcomes. Every decision carries the list of reasons it was made for, so the report can show its work.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rayb.analysis.spec import GateSpec, MetricRule, parse_threshold
-from rayb.analysis.stats import finite_values, welch
+from rayb.analysis.stats import SignificanceRule, finite_values, seeds_to_detect, welch
 
 if TYPE_CHECKING:
     import pandas as pd
 
+
+GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 
 GRADES = ("below good", "good", "promising", "excellent")
 """Classes from worst to best; UNGRADED metrics are outside the order, and count for nothing."""
@@ -42,24 +47,59 @@ class MetricGrade:
     candidate: float  # mean over the candidate's seeds
     baseline: float
     ratio: float  # candidate / baseline; NaN when not measured
-    grade: str  # one of GRADES, or one of UNGRADED
-    better: bool  # strictly better than the baseline in the metric's direction
-    p_value: float = math.nan  # Welch's t-test over seeds: the ratio's noise, shown beside the class
-    at_parity: bool = False  # graded as ratio 1: not significant under the gate's significance_alpha
+    grade: str  # one of GRADES (what the pass rule counts), or one of UNGRADED
+    better: bool  # the point estimate is strictly better than the baseline in the metric's direction
+    p_value: float = math.nan  # Welch's t-test over seeds, shown beside the class
+    point_grade: str = ""  # the class of the ratio as measured, before the significance rule
+    significant: bool = False  # the difference passes the study's significance rule
+    test: str = ""  # that rule with the numbers used
+    seeds: tuple[int, int] = (0, 0)  # finite seed values: candidate, baseline
+    seeds_needed: int | None = None  # per model, for a t-test to detect this Δ at this spread (80% power)
+
+    @property
+    def at_parity(self) -> bool:
+        """Graded as parity because a better-looking difference did not pass the significance rule."""
+        return self.grade != self.point_grade and self.grade not in UNGRADED
+
+    @property
+    def seeds_text(self) -> str:
+        cand, base = self.seeds
+        return f"{cand} seeds" if cand == base else f"{cand} and {base} seeds"
 
 
 @dataclass(frozen=True)
 class GateDecision:
     candidate: str
     baseline: str
-    go: bool
-    should_scale: bool
+    outcome: str  # GO, NO_GO or INCONCLUSIVE
+    scale: str  # should_scale: "yes", "no" or "inconclusive"
     grades: list[MetricGrade]
     red_lines: list[str] = field(default_factory=list)  # each red line crossed, as a sentence
     reasons: list[str] = field(default_factory=list)  # why, in the order the rules were applied
+    rule: str = ""  # the significance rule the grades rest on, in words
+
+    @property
+    def go(self) -> bool:
+        return self.outcome == GO
+
+    @property
+    def should_scale(self) -> bool:
+        return self.scale == "yes"
 
     def grade(self, metric: str) -> MetricGrade:
         return next(g for g in self.grades if g.metric == metric)
+
+    def undecided(self) -> list[str]:
+        """Each metric whose better-looking difference is not significant: what INCONCLUSIVE rests on."""
+        return [_undecided_text(g) for g in self.grades if g.at_parity]
+
+
+def _undecided_text(g: MetricGrade) -> str:
+    needed = (
+        f"~{g.seeds_needed} seeds per model would detect it at 80% power"
+        if g.seeds_needed else "no number of seeds would detect it at this spread"
+    )  # fmt: skip
+    return f"{g.metric} {g.ratio - 1:+.1%} not significant at {g.seeds_text}; {needed}"
 
 
 def _holds(condition: str, ratio: float) -> bool:
@@ -88,23 +128,35 @@ def _conditions_differ(rule: MetricRule, candidate: pd.DataFrame, baseline: pd.D
 
 
 def measure(
-    name: str, rule: MetricRule, candidate: pd.DataFrame, baseline: pd.DataFrame, alpha: float | None = None
+    name: str,
+    rule: MetricRule,
+    candidate: pd.DataFrame,
+    baseline: pd.DataFrame,
+    significance: SignificanceRule,
 ) -> MetricGrade:
-    """Grade one metric from the two models' seed rows. With `alpha`, a difference that is not
-    significant (Welch p ≥ alpha, or too few seeds to tell) is graded as parity: ratio 1."""
+    """Grade one metric from the two models' seed rows. A difference in the metric's favourable direction
+    that does not pass `significance` is graded as parity (ratio 1); one against it keeps its class, so
+    noise never lifts a grade."""
     cand_values, base_values = _values(candidate, rule.column), _values(baseline, rule.column)
     cand = float(cand_values.mean()) if cand_values.size else math.nan
     base = float(base_values.mean()) if base_values.size else math.nan
     if not (math.isfinite(cand) and math.isfinite(base)) or base == 0:
-        return MetricGrade(name, rule.column, cand, base, math.nan, NOT_MEASURED, False)
+        return MetricGrade(
+            name, rule.column, cand, base, math.nan, NOT_MEASURED, False, point_grade=NOT_MEASURED
+        )
     if _conditions_differ(rule, candidate, baseline):
-        return MetricGrade(name, rule.column, cand, base, cand / base, NOT_COMPARABLE, False)
+        return MetricGrade(
+            name, rule.column, cand, base, cand / base, NOT_COMPARABLE, False, point_grade=NOT_COMPARABLE
+        )
     ratio = cand / base
-    p_value = welch(cand_values, base_values)[1]
-    if alpha is not None and not p_value < alpha:
-        return MetricGrade(name, rule.column, cand, base, ratio, grade_ratio(rule, 1.0), False, p_value, True)
+    point = grade_ratio(rule, ratio)
     better = ratio < 1 if rule.lower_is_better else ratio > 1
-    return MetricGrade(name, rule.column, cand, base, ratio, grade_ratio(rule, ratio), better, p_value)
+    significant, test = significance.test(cand_values, base_values)
+    return MetricGrade(
+        name, rule.column, cand, base, ratio, point if significant or not better else grade_ratio(rule, 1.0),
+        better, welch(cand_values, base_values)[1], point, significant, test, (cand_values.size, base_values.size),
+        seeds_to_detect(cand_values, base_values, significance.alpha),
+    )  # fmt: skip
 
 
 def loss_spikes(
@@ -161,28 +213,39 @@ def _describe(g: MetricGrade, rule: MetricRule, differ: str) -> str:
         hint = f" (add the `{suite}` suite to eval)" if suite and not math.isfinite(g.candidate) else ""
         return f"{g.metric}: not measured, {why}{hint}"
     thresholds = f"good {rule.good}, promising {rule.promising}, excellent {rule.excellent}"
-    noise = (
-        f"; Welch p = {g.p_value:.2g} over seeds" if math.isfinite(g.p_value) else "; no p-value (one seed)"
-    )
+    measured = f"{g.metric}: {g.column} {g.candidate:.4g} vs {g.baseline:.4g}, ratio {g.ratio:.3f}"
     if g.at_parity:
-        noise += ", not significant: graded as parity (ratio 1)"
-    return (
-        f"{g.metric}: {g.column} {g.candidate:.4g} vs {g.baseline:.4g}, ratio {g.ratio:.3f} → {g.grade} "
-        f"({thresholds}){noise}"
-    )
+        return (
+            f"{measured} ({g.point_grade} as measured) → parity (not significant at {g.seeds_text}: {g.test}), "
+            f"counted as {g.grade}, its class at ratio 1 ({thresholds})"
+        )
+    significance = "significant" if g.significant else "not significant"
+    return f"{measured} → {g.grade} ({thresholds}); {significance} at {g.seeds_text}: {g.test}"
+
+
+def grade_label(g: MetricGrade) -> str:
+    """The class as the report's tables show it."""
+    return f"parity (not significant at {g.seeds_text})" if g.at_parity else g.grade
 
 
 def _red_lines(spec: GateSpec, grades: dict[str, MetricGrade]) -> tuple[list[str], list[str]]:
-    """(red lines crossed, red lines that could not be checked)."""
+    """(red lines crossed, red lines that could not be checked). They fire on the point estimates: a
+    difference too noisy to count for a candidate still stops it."""
     crossed, unchecked = [], []
     for line in spec.red_lines:
         g = grades[line.metric]
         if g.grade in UNGRADED:
             unchecked.append(f"red line on {line.metric} not checked: {line.metric} {g.grade}")
-        elif line.above is not None and g.ratio > line.above:
-            crossed.append(f"{line.metric} ratio {g.ratio:.3f} is above the red line {line.above:g}")
+            continue
+        noise = f"{'significant' if g.significant else 'not significant'} at {g.seeds_text}"
+        if line.above is not None and g.ratio > line.above:
+            crossed.append(
+                f"{line.metric} ratio {g.ratio:.3f} is above the red line {line.above:g} ({noise})"
+            )
         elif line.below is not None and g.ratio < line.below:
-            crossed.append(f"{line.metric} ratio {g.ratio:.3f} is below the red line {line.below:g}")
+            crossed.append(
+                f"{line.metric} ratio {g.ratio:.3f} is below the red line {line.below:g} ({noise})"
+            )
     return crossed, unchecked
 
 
@@ -205,12 +268,16 @@ def advantage_floor(rule: MetricRule, advantage_class: str) -> str:
     return GRADES[-1]
 
 
-def _should_scale(spec: GateSpec, grades: dict[str, MetricGrade], crossed: list[str]) -> tuple[bool, str]:
+def _should_scale(
+    spec: GateSpec, grades: dict[str, MetricGrade], crossed: list[str], point: bool = False
+) -> tuple[bool, str]:
+    """The scaling decision on the graded classes, or with `point` on the classes as measured."""
     rule = spec.should_scale
     loss = grades[spec.loss_metric]
+    classes = {name: g.point_grade if point else g.grade for name, g in grades.items()}
     advantages = [
-        g.metric for name, g in grades.items()
-        if name != spec.loss_metric and _at_least(g.grade, advantage_floor(spec.metrics[name], rule.advantage_class))
+        name for name, grade in classes.items()
+        if name != spec.loss_metric and _at_least(grade, advantage_floor(spec.metrics[name], rule.advantage_class))
     ]  # fmt: skip
     named = ", ".join(advantages) or "none"
     if crossed:
@@ -220,66 +287,81 @@ def _should_scale(spec: GateSpec, grades: dict[str, MetricGrade], crossed: list[
     if loss.ratio <= rule.max_loss_ratio and len(advantages) >= rule.advantages:
         return True, (
             f"should scale: yes, loss ratio {loss.ratio:.3f} ≤ {rule.max_loss_ratio:g} with "
-            f"{len(advantages)} advantages ({named}; {rule.advantages} needed)"
+            f"{len(advantages)} significant advantages ({named}; {rule.advantages} needed)"
         )
     if advantages and loss.ratio < rule.single_advantage_loss_ratio:
         return True, (
             f"should scale: yes, loss ratio {loss.ratio:.3f} < {rule.single_advantage_loss_ratio:g} "
-            f"with an advantage ({named})"
+            f"with a significant advantage ({named})"
         )
     return False, (
-        f"should scale: no, loss ratio {loss.ratio:.3f} with {len(advantages)} advantage(s) ({named}); "
+        f"should scale: no, loss ratio {loss.ratio:.3f} with {len(advantages)} significant advantage(s) ({named}); "
         f"needs ≤ {rule.max_loss_ratio:g} with {rule.advantages}, or < {rule.single_advantage_loss_ratio:g} with 1"
     )
 
 
+def _pass_rule(spec: GateSpec, classes: list[str]) -> tuple[bool, str]:
+    excellent = sum(grade == "excellent" for grade in classes)
+    promising = sum(_at_least(grade, "promising") for grade in classes)
+    passed = excellent >= spec.pass_excellent or promising >= spec.pass_promising
+    return passed, (
+        f"pass rule {'met' if passed else 'not met'}: {excellent} excellent (≥ {spec.pass_excellent} passes), "
+        f"{promising} promising or better (≥ {spec.pass_promising} passes)"
+    )
+
+
 def decide(
-    spec: GateSpec, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str]
-) -> GateDecision:
+    spec: GateSpec, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str],
+    significance: SignificanceRule | None = None,
+) -> GateDecision:  # fmt: skip
     """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr)."""
-    alpha = spec.significance_alpha
-    grades = {name: measure(name, rule, candidate, baseline, alpha) for name, rule in spec.metrics.items()}
+    significance = significance or SignificanceRule(spec.significance, spec.alpha)
+    grades = {
+        name: measure(name, rule, candidate, baseline, significance) for name, rule in spec.metrics.items()
+    }
     reasons = [
         _describe(g, rule, _differences(rule, candidate, baseline, names))
         for (name, rule), g in zip(spec.metrics.items(), grades.values(), strict=True)
     ]
-
-    excellent = sum(g.grade == "excellent" for g in grades.values())
-    promising = sum(_at_least(g.grade, "promising") for g in grades.values())
-    passed = excellent >= spec.pass_excellent or promising >= spec.pass_promising
-    reasons.append(
-        f"pass rule {'met' if passed else 'not met'}: {excellent} excellent (≥ {spec.pass_excellent} passes), "
-        f"{promising} promising or better (≥ {spec.pass_promising} passes)"
-    )
+    passed, why = _pass_rule(spec, [g.grade for g in grades.values()])
+    on_points, _ = _pass_rule(spec, [g.point_grade for g in grades.values()])
+    reasons.append(why + (", though it is met on the point estimates" if on_points and not passed else ""))
     crossed, unchecked = _red_lines(spec, grades)
     if spec.max_loss_spike is not None:
         crossed += _spike_lines(spec, candidate)
     reasons += [f"red line: {line}" for line in crossed] + unchecked
     scale, why = _should_scale(spec, grades, crossed)
-    reasons.append(why)
+    scale_on_points = _should_scale(spec, grades, crossed, point=True)[0]
+    reasons.append(
+        why + (", though it would on the point estimates" if scale_on_points and not scale else "")
+    )
+    outcome = NO_GO if crossed else GO if passed else INCONCLUSIVE if on_points else NO_GO
     return GateDecision(
-        candidate=names[0], baseline=names[1], go=passed and not crossed, should_scale=scale,
-        grades=list(grades.values()), red_lines=crossed, reasons=reasons,
+        candidate=names[0], baseline=names[1], outcome=outcome,
+        scale="yes" if scale else "inconclusive" if scale_on_points else "no",
+        grades=list(grades.values()), red_lines=crossed, reasons=reasons, rule=significance.describe(),
     )  # fmt: skip
 
 
-def gate_all(spec: GateSpec, selected: pd.DataFrame, reference: str) -> list[GateDecision]:
+def gate_all(
+    spec: GateSpec, selected: pd.DataFrame, reference: str, significance: SignificanceRule | None = None
+) -> list[GateDecision]:
     """The gate for every candidate (default: every trained model but the reference; pretrained
     references are reference points, not candidates) in `selected`, the results rows of each model
-    at its selected learning rate."""
+    at its selected learning rate; `significance` defaults to the gate's own rule with fixed seeds."""
     by_model = {str(m): rows for m, rows in selected.groupby("model", sort=False)}
     if reference not in by_model:
         return []
     pretrained = set(selected.model[selected.pretrained.astype(bool)]) if "pretrained" in selected else set()
     candidates = spec.candidates or [m for m in by_model if m != reference and m not in pretrained]
     return [
-        decide(spec, by_model[name], by_model[reference], (name, reference))
+        decide(spec, by_model[name], by_model[reference], (name, reference), significance)
         if name in by_model
         else GateDecision(
             name,
             reference,
-            go=False,
-            should_scale=False,
+            outcome=NO_GO,
+            scale="no",
             grades=[],
             reasons=[f"{name} has no finished trial to gate"],
         )  # fmt: skip

@@ -132,7 +132,8 @@ DEFAULT_GATE_METRICS = {
 
 class GateSpec(Spec):
     """The go/no-go gate. The default is one team's written gate: pass on ≥ 1 excellent or ≥ 2 promising
-    metrics, stopped by the red lines (loss > 1.3× baseline, statefulness below it, loss spikes)."""
+    metrics, stopped by the red lines (loss > 1.3× baseline, statefulness below it, loss spikes), with its
+    written significance rule: a difference counts only when |Δmean| > 2·√(σ₁²+σ₂²) over seeds."""
 
     metrics: dict[str, MetricRule] = Field(
         default_factory=lambda: dict(DEFAULT_GATE_METRICS),
@@ -156,12 +157,26 @@ class GateSpec(Spec):
         description="red line: a training loss above this × its running average (null: off)",
     )
     spike_window: int = Field(default=20, ge=2, description="steps in the running average of the spike check")
-    significance_alpha: float | None = Field(
-        default=None, gt=0, lt=1,
-        description="grade a difference that is not significant (Welch p ≥ this over seeds) as parity; "
-        "null (the default, as the written gate) grades the ratio of means as it is",
+    significance: Literal["2sigma", "welch", "both", "none"] = Field(
+        default="2sigma",
+        description="the rule a difference must pass to grade above parity: '2sigma' |Δmean| > 2·√(σ₁²+σ₂²) "
+        "over seeds (the written plan's), 'welch' Welch's t-test at `alpha`, 'both', or 'none' (point estimates)",
+    )
+    alpha: float = Field(
+        default=0.05, gt=0, lt=1,
+        description="two-sided level of the Welch test; with adaptive seeds, the overall level spent over the rounds",
     )  # fmt: skip
     should_scale: ScaleRule = ScaleRule()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "significance_alpha" in value:
+            raise ValueError(
+                "significance_alpha is gone: significance is now part of every grade (default the 2σ rule); "
+                f"write `significance: welch` and `alpha: {value['significance_alpha']}` for a Welch test"
+            )
+        return value
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -180,6 +195,44 @@ class GateSpec(Spec):
             if name not in names:
                 raise ValueError(f"{where} '{name}' is not under gate.metrics ({', '.join(sorted(names))})")
         return self
+
+
+class SeedRoundsSpec(Spec):
+    """`seeds: {min: 3, max: 10}`: adaptive seeds. Every model runs `min` seeds, then one more per round
+    while a comparison it takes part in is undecided, up to `max` (rayb/analysis/sequential.py)."""
+
+    min: int = Field(ge=2, description="seeds every model runs (Welch's test needs two)")
+    max: int = Field(le=100, description="seeds a model may reach")
+    design: Literal["obrien_fleming", "pocock"] = Field(
+        default="obrien_fleming", description="the α-spending function over the rounds"
+    )
+    parity: float = Field(
+        default=0.01, ge=0, lt=1,
+        description="a difference shown to lie within ±parity × the reference's mean is decided as parity",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SeedRoundsSpec:
+        if self.max <= self.min:
+            raise ValueError(
+                f"max ({self.max}) must exceed min ({self.min}); for fixed seeds write `seeds: {self.min}`"
+            )
+        return self
+
+    def rounds(self, alpha: float):
+        """The sequential design, at the gate's overall α."""
+        from rayb.analysis.sequential import SeedRounds
+
+        return SeedRounds(self.min, self.max, alpha, self.design, self.parity)
+
+
+def significance_rule(gate: GateSpec, seed_rounds: SeedRoundsSpec | None):
+    """The rule every grade and comparison of a study rests on (rayb/analysis/stats.py)."""
+    from rayb.analysis.stats import SignificanceRule
+
+    return SignificanceRule(
+        gate.significance, gate.alpha, seed_rounds.rounds(gate.alpha) if seed_rounds else None
+    )
 
 
 class VerdictSpec(Spec):

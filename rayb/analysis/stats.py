@@ -9,6 +9,9 @@ deliberately conservative and easy to read off a table; beside it are Welch's t-
 U test (no normality assumed), a bootstrap confidence interval of the difference of means, and Holm's
 correction when one reference is compared with several candidates. All come from the same seed values.
 `seeds_needed` turns a measured seed-to-seed spread into the seeds a given difference needs.
+
+Which of these a study's gate and verdict rest on is its `SignificanceRule`: the 2σ rule (the default),
+Welch at α, both, or none; with adaptive seeds, Welch at the sequential design's level for the look.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from scipy import stats as sps
 
 if TYPE_CHECKING:  # pandas is only needed by callers of best_by; keep this module import-light.
     import pandas as pd
+
+    from rayb.analysis.sequential import SeedRounds
 
 CI_LEVEL = 0.95
 """Two-sided confidence level of Summary.ci_low/ci_high and of the bootstrap interval of Δ."""
@@ -164,10 +169,22 @@ def seeds_needed(
     if std == 0:  # no seed-to-seed spread: any difference shows with the minimum of two seeds
         return 2
     effect = abs(difference) / std
-    for n in range(2, cap + 1):
-        if power(n, effect, alpha) >= target_power:
-            return n
-    return None
+    if power(cap, effect, alpha) < target_power:
+        return None
+    low, high = 1, cap  # power grows with n: bisect for the first n that reaches the target
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if power(middle, effect, alpha) >= target_power else (middle, high)
+    return high
+
+
+def seeds_to_detect(
+    cand: np.ndarray, ref: np.ndarray, alpha: float = 0.05, target_power: float = 0.8
+) -> int | None:
+    """Seeds per model a t-test needs to detect the observed difference at the observed spread (the pooled
+    std of the two models): what `rayb power` answers for it. None when no number of seeds is enough."""
+    std = math.sqrt((_sample_std(cand) ** 2 + _sample_std(ref) ** 2) / 2)
+    return seeds_needed(std, float(cand.mean() - ref.mean()), target_power, alpha)
 
 
 def _sigma_rule(delta: float, std_ref: float, std_cand: float, n_ref: int, n_cand: int) -> tuple[bool, str]:
@@ -185,14 +202,68 @@ def _sigma_rule(delta: float, std_ref: float, std_cand: float, n_ref: int, n_can
     return significant, f"|Δ|={abs(delta):.3g} {op} {k}·√(σ₁²+σ₂²)={threshold:.3g}"
 
 
+@dataclass(frozen=True)
+class SignificanceRule:
+    """What a difference must pass to count: '2sigma' (|Δmean| > 2·√(σ₁²+σ₂²)), 'welch' (p < alpha),
+    'both', or 'none'. With adaptive seeds (`rounds`) Welch's level is the sequential design's at the
+    look the seeds reach, and the 2σ rule is kept only under 'both': it is a fixed-seed rule whose error
+    rate no design controls."""
+
+    kind: str = "2sigma"
+    alpha: float = 0.05
+    rounds: SeedRounds | None = None
+
+    def test(self, cand: np.ndarray, ref: np.ndarray) -> tuple[bool, str]:
+        """(significant?, the rule with the numbers used) for finite seed values on each side."""
+        if self.kind == "none":
+            return True, "significance off"
+        parts, passed = [], True
+        if self.kind == "both" or (self.kind == "2sigma" and self.rounds is None):
+            ok, text = _sigma_rule(
+                float(cand.mean() - ref.mean()), _sample_std(ref), _sample_std(cand), ref.size, cand.size
+            )
+            passed, parts = passed and ok, parts + [text]
+        if self.kind in ("welch", "both") or self.rounds is not None:
+            ok, text = self._welch(cand, ref)
+            passed, parts = passed and ok, parts + [text]
+        return passed, "; ".join(parts)
+
+    def _welch(self, cand: np.ndarray, ref: np.ndarray) -> tuple[bool, str]:
+        p_value = welch(cand, ref)[1]
+        if not math.isfinite(p_value):
+            return False, "Welch's test needs ≥2 seeds per model"
+        n = min(cand.size, ref.size)
+        level = self.alpha if self.rounds is None else self.rounds.level(n)
+        where = "" if self.rounds is None else f", the sequential level at {n} seeds"
+        return (
+            p_value < level,
+            f"Welch p = {p_value:.2g} {'<' if p_value < level else '≥'} {level:.2g}{where}",
+        )
+
+    def describe(self) -> str:
+        """The rule in words, for the report's verdict line and method paragraph."""
+        sigma = f"|Δmean| > {SIGMA_MULTIPLIER:g}·√(σ₁²+σ₂²) over seeds"
+        if self.kind == "none":
+            return "no significance rule (point estimates graded as they are)"
+        if self.rounds is not None:
+            return self.rounds.describe() + (f", and {sigma}" if self.kind == "both" else "")
+        welch_text = f"Welch's t-test at α = {self.alpha:g}"
+        return {"2sigma": sigma, "welch": welch_text, "both": f"{sigma} and {welch_text}"}[self.kind]
+
+
+DEFAULT_SIGNIFICANCE = SignificanceRule()  # the study file's default: the 2σ rule, fixed seeds
+
+
 def compare(
     reference: str,
     ref_values: Sequence[float],
     candidate: str,
     cand_values: Sequence[float],
     metric: str,
+    rule: SignificanceRule = DEFAULT_SIGNIFICANCE,
 ) -> Comparison:
-    """Compare candidate against reference on one metric; delta = candidate mean − reference mean.
+    """Compare candidate against reference on one metric; delta = candidate mean − reference mean;
+    `significant` under the study's `rule`.
 
     Non-finite values are dropped on both sides, exactly as in summarize(), so the Comparison and
     the Summaries shown next to it are computed from the same seeds.
@@ -205,7 +276,7 @@ def compare(
     ref_abs = abs(float(ref.mean()))
     rel_delta = delta / ref_abs if ref_abs > 0 else math.nan
     welch_t, p_value = welch(cand, ref)
-    significant, rule = _sigma_rule(delta, _sample_std(ref), _sample_std(cand), ref.size, cand.size)
+    significant, text = rule.test(cand, ref)
     low, high = bootstrap_delta_ci(cand, ref)
     return Comparison(
         reference=reference,
@@ -216,7 +287,7 @@ def compare(
         welch_t=welch_t,
         p_value=p_value,
         significant=significant,
-        rule=rule,
+        rule=text,
         mann_whitney_p=_mann_whitney(cand, ref),
         delta_ci_low=low,
         delta_ci_high=high,
@@ -239,11 +310,18 @@ def best_by(df: pd.DataFrame, group: str, within: str, metric: str) -> pd.DataFr
 
     Used to compare every model at its own best learning rate, so an architecture is not penalised
     for a learning-rate grid tuned to another. Only status == "ok" rows count, and non-finite metric
-    values are ignored in the means; a group with no finite value at all is dropped. Ties go to the
-    smallest `within` value so the choice is deterministic.
+    values are ignored in the means; a group with no finite value at all is dropped. The means are over
+    the seeds every `within` value of the group has (all of them in a fixed-seed study; the first round's
+    in an adaptive one, whose later seeds run at the value chosen then), unless they share none. Ties go
+    to the smallest `within` value so the choice is deterministic.
     """
     ok = df[df["status"] == OK_STATUS]
     finite = ok[np.isfinite(ok[metric].astype(float))]
+    if "seed" in finite:
+        shared = finite.groupby([group, "seed"])[within].transform("nunique") == finite.groupby(group)[
+            within
+        ].transform("nunique")
+        finite = finite[shared | ~shared.groupby(finite[group]).transform("any")]
     means = finite.groupby([group, within], sort=True)[metric].mean()
     chosen = means.groupby(level=0, sort=False).idxmin()  # -> (group value, within value) per group
     keep = set(chosen.tolist())

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from rayb.analysis.stats import (
+    DEFAULT_SIGNIFICANCE,
     OK_STATUS,
     Comparison,
+    SignificanceRule,
     Summary,
     best_by,
     compare,
@@ -53,6 +55,7 @@ class Verdict:
     rows: list[ModelRow]
     comparisons: list[Comparison]
     excluded: list[dict] = field(default_factory=list)
+    rule: str = DEFAULT_SIGNIFICANCE.describe()  # what `significant` means in the comparisons, in words
 
     def comparison(self, candidate: str, metric: str) -> Comparison | None:
         """The comparison of `candidate` with the reference on `metric`, if there is one."""
@@ -108,7 +111,9 @@ def _model_row(model: str, rows: pd.DataFrame) -> ModelRow:
     )
 
 
-def _compare_all(by_model: dict[str, pd.DataFrame], reference: str, models: list[str]) -> list[Comparison]:
+def _compare_all(
+    by_model: dict[str, pd.DataFrame], reference: str, models: list[str], rule: SignificanceRule
+) -> list[Comparison]:
     """Every non-reference model vs the reference on COMPARED_METRICS (skipping all-NaN metrics)."""
     ref_rows = by_model[reference]
     out = []
@@ -118,12 +123,14 @@ def _compare_all(by_model: dict[str, pd.DataFrame], reference: str, models: list
         for metric in COMPARED_METRICS:
             ref_vals, cand_vals = ref_rows[metric].to_numpy(float), by_model[model][metric].to_numpy(float)
             if finite_values(ref_vals).size and finite_values(cand_vals).size:
-                out.append(compare(reference, ref_vals, model, cand_vals, metric))
+                out.append(compare(reference, ref_vals, model, cand_vals, metric, rule))
     return out
 
 
-def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
-    """Compare every model, each at its own best learning rate, against `reference`.
+def build_verdict(
+    df: pd.DataFrame, study_name: str, reference: str, rule: SignificanceRule = DEFAULT_SIGNIFICANCE
+) -> Verdict:
+    """Compare every model, each at its own best learning rate, against `reference`, under `rule`.
 
     Rows are ordered reference first, then by mean validation loss, so the table reads best-first.
     Raises ValueError if the reference is absent or has no usable trial, since every comparison
@@ -140,7 +147,7 @@ def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
 
     rows = [_model_row(m, g) for m, g in by_model.items()]
     rows.sort(key=lambda r: (r.model != reference, r.summaries[SELECTION_METRIC].mean))
-    comparisons = with_holm(_compare_all(by_model, reference, [r.model for r in rows]))
+    comparisons = with_holm(_compare_all(by_model, reference, [r.model for r in rows], rule))
     return Verdict(
         study=study_name,
         reference=reference,
@@ -148,6 +155,7 @@ def build_verdict(df: pd.DataFrame, study_name: str, reference: str) -> Verdict:
         rows=rows,
         comparisons=comparisons,
         excluded=_excluded_trials(df) + _non_finite_trials(best),
+        rule=rule.describe(),
     )
 
 

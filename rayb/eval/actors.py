@@ -19,6 +19,7 @@ from typing import Any
 
 from rayb.eval.registry import check_suite_argument, make_options, parse_suite, result_name
 from rayb.files import digest, read_json, write_json_atomic
+from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
 
 EVAL_DIR = "eval"
@@ -173,6 +174,8 @@ class EvalPool:
                     self.submitted += len(jobs)
                     for job in jobs:
                         self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
+                    for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
+                        queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
                 self._start_actors()
                 if not self._running:
                     if not more:

@@ -30,9 +30,7 @@ class Comparison:
 
 def _rows(report: StudyReport) -> list[list[str]]:
     verdict, flops = report.verdict, {e.model: e.train_flops for e in report.efficiency}
-    gate = {
-        d.candidate: ("GO" if d.go else "NO-GO") + (", scale" if d.should_scale else "") for d in report.gate
-    }
+    gate = {d.candidate: d.outcome + (", scale" if d.should_scale else "") for d in report.gate}
     rows = []
     for row in verdict.rows:
         comp = verdict.comparison(row.model, "val_loss")

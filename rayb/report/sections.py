@@ -15,9 +15,10 @@ import yaml
 from rich.table import Table
 
 from rayb.analysis.efficiency import Efficiency
-from rayb.analysis.gate import GateDecision
+from rayb.analysis.gate import INCONCLUSIVE, UNGRADED, GateDecision, grade_label
 from rayb.analysis.scaling import MIN_SIZES, ScalingFit
-from rayb.analysis.stats import SIGMA_MULTIPLIER, Comparison, Summary, finite_values, seeds_needed, summarize
+from rayb.analysis.sequential import Round
+from rayb.analysis.stats import Comparison, Summary, finite_values, seeds_needed, summarize
 from rayb.analysis.verdict import SELECTION_METRIC, ModelRow, Verdict
 
 
@@ -36,15 +37,23 @@ def fmt(x: float, spec: str = ".4g") -> str:
 
 
 def gate_headline(decision: GateDecision) -> str:
-    """GO or NO-GO with the short why; should_scale is the gate's separate, second decision."""
-    if decision.go:
-        go = "**GO**"
+    """GO, NO-GO or INCONCLUSIVE with what it rests on: the graded metrics with their Δ, the significance
+    rule and the seeds. should_scale is the gate's separate, second decision."""
+    head = f"Gate, **{decision.candidate}** vs **{decision.baseline}**: **{decision.outcome}**"
+    graded = [g for g in decision.grades if g.grade not in UNGRADED]
+    if not graded:
+        return f"{head}; {'; '.join(decision.reasons)}."
+    if decision.outcome == INCONCLUSIVE:
+        head += ": " + "; ".join(decision.undecided())
     elif decision.red_lines:
-        go = f"**NO-GO** ({len(decision.red_lines)} red line{'s' if len(decision.red_lines) > 1 else ''})"
-    else:
-        go = "**NO-GO** (pass rule not met)"
-    scale = "should_scale: yes" if decision.should_scale else "should_scale: no"
-    return f"Gate, **{decision.candidate}** vs **{decision.baseline}**: {go}; {scale}."
+        head += f" ({len(decision.red_lines)} red line{'s' if len(decision.red_lines) > 1 else ''})"
+    elif not decision.go:
+        head += " (pass rule not met)"
+    basis = ", ".join(f"{g.metric} {g.ratio - 1:+.1%} {grade_label(g)}" for g in graded)
+    return (
+        f"{head}; should_scale: {decision.scale}. On {basis}; significance: {decision.rule}, "
+        f"at {graded[0].seeds_text}."
+    )
 
 
 def gate_section(decisions: list[GateDecision]) -> list[str]:
@@ -55,14 +64,51 @@ def gate_section(decisions: list[GateDecision]) -> list[str]:
     for d in decisions:
         parts += [f"### {d.candidate} vs {d.baseline}", "", gate_headline(d), ""]
         rows = [
-            [g.metric, g.column, fmt(g.candidate), fmt(g.baseline), fmt(g.ratio, ".3f"), g.grade, fmt(g.p_value, ".2g")]
+            [g.metric, g.column, fmt(g.candidate), fmt(g.baseline), fmt(g.ratio, ".3f"), grade_label(g),
+             *(["—"] * 3 if g.grade in UNGRADED else [fmt(g.p_value, ".2g"), "yes" if g.significant else "no",
+                                                     g.seeds_text])]
             for g in d.grades
         ]  # fmt: skip
         if rows:
-            header = ("metric", "column", d.candidate, d.baseline, "ratio", "class", "Welch p")
+            header = (
+                "metric",
+                "column",
+                d.candidate,
+                d.baseline,
+                "ratio",
+                "class",
+                "Welch p",
+                "significant?",
+                "seeds",
+            )
             parts += [markdown_table(header, rows), ""]
         parts += [f"- {reason}" for reason in d.reasons] + [""]
     return parts
+
+
+def rounds_section(rounds: list[Round], design: str) -> list[str]:
+    """Adaptive seeds: per model, the seeds run and why it stopped; then each round's looks."""
+    if not rounds:
+        return []
+    runs = {model: (n, "still open: its next round has not run") for model, n in rounds[-1].seeds.items()}
+    for r in rounds:
+        runs |= {model: (r.seeds[model], why) for model, why in r.stopped.items()}
+    looks = [
+        [str(r.number), ", ".join(f"{m} {n}" for m, n in r.seeds.items()),
+         "; ".join(f"{x.candidate} Δ {x.delta:+.4f}, p {fmt(x.p_value, '.2g')} vs {x.level:.2g}: {x.state}" for x in r.looks),
+         "; ".join(f"{m}: {why}" for m, why in r.stopped.items()) or "—"]
+        for r in rounds
+    ]  # fmt: skip
+    return [
+        "## Seeds",
+        "",
+        f"Seeds were added in rounds: {design}.",
+        "",
+        *(f"- {model}: {n} seeds, {why}" for model, (n, why) in runs.items()),
+        "",
+        markdown_table(("round", "seeds", "comparisons with the reference", "stopped"), looks),
+        "",
+    ]
 
 
 def efficiency_section(rows: list[Efficiency], reference: str, pareto_image: str | None) -> list[str]:
@@ -234,7 +280,9 @@ def table_rows(verdict: Verdict) -> list[list[str]]:
 
 def format_table(verdict: Verdict) -> Table:
     """The comparison table the CLI prints (same cells as the markdown report)."""
-    table = Table(title=f"{verdict.study}: each model at its best lr, vs {verdict.reference}")
+    table = Table(
+        title=f"{verdict.study}: each model at its best lr, vs {verdict.reference}; significant: {verdict.rule}"
+    )
     for col in TABLE_COLUMNS:
         numeric = col not in ("model", "arch", "significant?")
         table.add_column(col, justify="right" if numeric else "left")
@@ -291,7 +339,7 @@ def verdict_text(verdict: Verdict) -> str:
         headline,
         "",
         "Each model is evaluated at its own best learning rate (lowest mean validation loss over seeds). "
-        f"A difference counts as significant when |Δmean| > {SIGMA_MULTIPLIER:g}·√(σ_ref² + σ_cand²) over seeds; "
+        f"A difference counts as significant under the study's rule: {verdict.rule}. "
         "Welch's t-test, Mann–Whitney U and a bootstrap interval of Δ are reported alongside "
         "(with Holm's correction when several candidates face the reference).",
         "",

@@ -22,6 +22,7 @@ import pandas as pd
 from rayb.analysis.efficiency import Efficiency, efficiency
 from rayb.analysis.gate import GateDecision, gate_all
 from rayb.analysis.scaling import ScalingFit, fit_all, parallel
+from rayb.analysis.sequential import Round, replay, seed_values
 from rayb.analysis.verdict import Verdict, build_verdict, selected_rows
 from rayb.files import write_atomic
 from rayb.report import plots
@@ -38,6 +39,7 @@ from rayb.report.sections import (
     markdown_table,
     model_metrics_section,
     provenance_section,
+    rounds_section,
     scaling_section,
     table_rows,
     verdict_text,
@@ -67,6 +69,7 @@ def summary_text(report: StudyReport) -> str:
     verdict = report.verdict
     lines = [f"Study {verdict.study}: reference {verdict.reference}", ""]
     lines += [gate_headline(d).replace("**", "") for d in report.gate]
+    lines += [line for line in rounds_section(report.rounds, report.design) if not line.startswith("#")]
     lines += [
         "",
         verdict_text(verdict).replace("**", ""),
@@ -108,6 +111,8 @@ class StudyReport:
     scaling: list[ScalingFit]
     parallels: list[tuple[str, str, bool | None, float]]  # (arch, reference arch, parallel?, p)
     figures: dict[str, bytes]  # FIGURES name -> PNG, for the figures there is data for
+    rounds: list[Round] = dataclasses.field(default_factory=list)  # adaptive seeds, replayed from the table
+    design: str = ""  # the adaptive seeds' sequential design, in words
 
     @property
     def unigram_entropy_nats(self) -> float | None:
@@ -132,12 +137,14 @@ def read_study_dir(study_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
 def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
     """The report of a study from its results table and its provenance record (which holds the
     validated study: its name, reference, gate and extrapolation sizes)."""
+    from rayb.analysis.spec import SeedRoundsSpec, VerdictSpec, significance_rule
     from rayb.models.sizing import parse_size
-    from rayb.study import VerdictSpec
 
     study = provenance["study"]
     spec = VerdictSpec.model_validate(study.get("verdict", {}))
-    verdict = build_verdict(df, study["name"], provenance["reference"])
+    seed_rounds = SeedRoundsSpec.model_validate(study["seed_rounds"]) if study.get("seed_rounds") else None
+    rule = significance_rule(spec.gate, seed_rounds)
+    verdict = build_verdict(df, study["name"], provenance["reference"], rule)
     selected = selected_rows(df)
     targets = [parse_size(size) for size in spec.extrapolate_to]
     fits = fit_all(selected, targets)
@@ -162,13 +169,18 @@ def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
     }
     order = [row.model for row in verdict.rows]
     gate = sorted(
-        gate_all(spec.gate, selected, verdict.reference),
+        gate_all(spec.gate, selected, verdict.reference, rule),
         key=lambda d: order.index(d.candidate) if d.candidate in order else len(order),
     )
+    rounds = []
+    if rule.rounds is not None:
+        column = spec.gate.metrics[spec.gate.loss_metric].column
+        rounds = replay(seed_values(selected, column), verdict.reference, rule.rounds)
     return StudyReport(
         verdict=verdict, table=df, provenance=provenance, gate=gate,
         efficiency=rows, scaling=fits, parallels=parallels,
         figures={name: png for name, png in figures.items() if png is not None},
+        rounds=rounds, design=rule.rounds.describe() if rule.rounds else "",
     )  # fmt: skip
 
 
@@ -200,6 +212,7 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
     ]
     if report.unigram_entropy_nats is not None:
         parts += [entropy_text(verdict, report.unigram_entropy_nats), ""]
+    parts += rounds_section(report.rounds, report.design)
     parts += gate_section(report.gate)
     parts += efficiency_section(report.efficiency, verdict.reference, _image(report, "pareto.png", image_src))
     parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png", image_src))
@@ -256,7 +269,10 @@ def report_to_dict(report: StudyReport) -> dict:
     excluded), the gate decisions, efficiency, scaling fits and provenance."""
     data = dataclasses.asdict(report.verdict)
     data["unigram_entropy_nats"] = report.unigram_entropy_nats
-    data["gate"] = [dataclasses.asdict(d) for d in report.gate]
+    data["gate"] = [
+        dataclasses.asdict(d) | {"go": d.go, "should_scale": d.should_scale, "undecided": d.undecided()}
+        for d in report.gate
+    ]
     data["efficiency"] = [dataclasses.asdict(e) for e in report.efficiency]
     data["scaling"] = [dataclasses.asdict(f) for f in report.scaling]
     data["parallel"] = [
