@@ -51,8 +51,45 @@ def validate(study_file: Path) -> None:
         return
     from rayb.plan import PEAK_FLOPS, plan_study
 
-    for model in plan_study(study, PEAK_FLOPS["a100"], 1.0).models:
+    plan = plan_study(study, PEAK_FLOPS["a100"], 1.0)
+    for model in plan.models:
         console.print(f"  {model.label}: {_model_line(model)}", highlight=False)
+    for warning in _size_warnings(study, plan):
+        console.print(f"  [yellow]{escape(warning)}[/yellow]", highlight=False)
+
+
+def _size_warnings(study, plan) -> list[str]:
+    """Sizes that the shape family misses by more than ±2%, and models compared with the reference that
+    still differ in total parameters, training FLOPs per token or depth."""
+    from rayb.models.sizing import comparability_warnings, match, parse_size
+
+    vocab, seq_len = study.data.nominal_vocab, study.data.seq_len
+    sized = [m for m in study.trained_models if m.size is not None]
+    found = {m.label: match(m.arch, parse_size(m.size), m.size_by, vocab, seq_len, m.config) for m in sized}
+    misses = [f"{label}: {m.note}" for label, m in found.items() if m.note]
+    planned = {p.label: p for p in plan.models}
+    compared = [study.reference, *(study.verdict.gate.candidates or planned)]
+    counts = [
+        (p.label, p.params_total, p.flops_per_trial / p.tokens_per_trial if p.tokens_per_trial else None,
+         p.config.get("n_layer"))
+        for p in (planned[label] for label in dict.fromkeys(compared))
+    ]  # fmt: skip
+    return misses + comparability_warnings(counts, _matched_by(study, compared), study.reference)
+
+
+def _matched_by(study, labels: list[str]) -> str:
+    """The count the sizes of these models were matched on, in words."""
+    from rayb.models.presets import get_preset
+
+    ways = set()
+    for m in (m for m in study.trained_models if m.label in labels):
+        preset = get_preset(m.preset) if m.preset else None
+        if m.size is not None or (preset and preset.named_size):
+            ways.add(f"{m.size_by if m.size is not None else preset.sized_by} parameters")
+        else:
+            ways.add("explicit shapes")
+    budget = study.train.flops_budget
+    return " and ".join(sorted(ways)) + (f", under a {budget:.3g} training FLOPs budget" if budget else "")
 
 
 def _duration(hours: float) -> str:
@@ -371,51 +408,79 @@ def params(
 
 @app.command()
 def match(
-    target: Annotated[str, typer.Option("--target", help="parameter count, e.g. 30M, 3.5M, 1.3B")],
+    target: Annotated[str, typer.Option("--target", help="parameter counts, comma-separated: 3.5M,8M,30M")],
     archs: Annotated[str, typer.Option("--archs", help="comma-separated architectures")] = "gpt2,llama,mamba",
     by: Annotated[str, typer.Option("--by", help="total or non-embedding")] = "total",
     vocab: Annotated[int, typer.Option("--vocab")] = 50257,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 1024,
+    depth_like: Annotated[
+        str | None,
+        typer.Option("--depth-like", help="hold n_layer at this architecture's, solve width alone"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
-    """Solve each architecture's width and depth to hit a parameter target within ±2%."""
+    """Each architecture's shape, from its shape family, nearest each target (within ±2%, or it says so)."""
     from rayb.models.sizing import SizeError, parse_size
-    from rayb.models.sizing import match as solve
 
     if by not in ("total", "non-embedding"):
         _fail("--by", f"'{by}': use total or non-embedding")
     try:
-        goal = parse_size(target)
+        goals = [parse_size(t) for t in target.split(",")]
     except SizeError as exc:
         _fail("--target", str(exc))
-    results = []
-    for arch in [a.strip() for a in archs.split(",") if a.strip()]:
-        try:
-            m = solve(arch, goal, by, vocab, seq_len)
-        except ValueError as exc:  # SizeError, or an unknown architecture
-            results.append({"arch": arch, "error": str(exc)})
-            continue
-        results.append({
-            "arch": arch, "config": m.config, "total_params": m.cost.total_params,
-            "non_embedding_params": m.cost.non_embedding_params, "deviation": m.error,
-            "flops_per_token": m.cost.forward_flops_per_token,
-        })  # fmt: skip
+    names = [a.strip() for a in archs.split(",") if a.strip()]
+    results = [row for goal in goals for row in _match_rows(goal, names, by, vocab, seq_len, depth_like)]
     if as_json:
         print(json.dumps(results))
     else:
-        table = Table(title=f"{goal:,} {by} parameters (vocab {vocab:,}, context {seq_len:,})")
-        for column in ("arch", "config", "total", "non-embedding", "deviation", "FLOPs/token"):
-            table.add_column(column, justify="left" if column in ("arch", "config") else "right")
-        for r in results:
-            if "error" in r:
-                table.add_row(r["arch"], f"[red]{escape(r['error'])}[/red]", "", "", "", "")
-            else:
-                table.add_row(r["arch"], json.dumps(r["config"]), f"{r['total_params']:,}",
-                              f"{r['non_embedding_params']:,}", f"{r['deviation']:+.2%}",
-                              f"{r['flops_per_token']:.3g}")  # fmt: skip
-        console.print(table)
+        for goal in goals:
+            _print_matches([r for r in results if r["target"] == goal], by, vocab, seq_len, depth_like)
     if any("error" in r for r in results):
         raise typer.Exit(code=1)
+
+
+def _match_rows(
+    goal: int, archs: list[str], by, vocab: int, seq_len: int, depth_like: str | None
+) -> list[dict]:
+    from rayb.models.sizing import match as solve
+
+    fixed = {}
+    if depth_like:
+        try:
+            fixed = {"n_layer": solve(depth_like, goal, by, vocab, seq_len).config["n_layer"]}
+        except ValueError as exc:
+            return [{"arch": a, "target": goal, "error": f"--depth-like {depth_like}: {exc}"} for a in archs]
+    rows = []
+    for arch in archs:
+        try:
+            m = solve(arch, goal, by, vocab, seq_len, {} if arch == depth_like else fixed)
+        except ValueError as exc:  # SizeError, or an unknown architecture
+            rows.append({"arch": arch, "target": goal, "error": str(exc)})
+            continue
+        rows.append({
+            "arch": arch, "target": goal, "config": m.config, "total_params": m.cost.total_params,
+            "non_embedding_params": m.cost.non_embedding_params, "deviation": m.error,
+            "flops_per_token": m.cost.forward_flops_per_token, "note": m.note,
+        })  # fmt: skip
+    return rows
+
+
+def _print_matches(rows: list[dict], by: str, vocab: int, seq_len: int, depth_like: str | None) -> None:
+    held = f", n_layer held at {depth_like}'s" if depth_like else ""
+    table = Table(title=f"{rows[0]['target']:,} {by} parameters (vocab {vocab:,}, context {seq_len:,}{held})")
+    for column in ("arch", "config", "total", "non-embedding", "deviation", "FLOPs/token"):
+        table.add_column(column, justify="left" if column in ("arch", "config") else "right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["arch"], f"[red]{escape(r['error'])}[/red]", "", "", "", "")
+            continue
+        deviation = f"{r['deviation']:+.2%}" + (" *" if r["note"] else "")
+        table.add_row(r["arch"], json.dumps(r["config"]), f"{r['total_params']:,}",
+                      f"{r['non_embedding_params']:,}", deviation, f"{r['flops_per_token']:.3g}")  # fmt: skip
+    console.print(table)
+    for r in rows:
+        if r.get("note"):
+            console.print(f"  [yellow]* {escape(r['note'])}[/yellow]", highlight=False)
 
 
 def _fraction(text: str, option: str) -> float:

@@ -150,18 +150,19 @@ def test_unreadable_files(tmp_path):
 
 def test_size_and_preset_resolve_with_the_study_vocabulary():
     models = [
-        {"arch": "llama", "size": "200K", "name": "llama-200k"},
-        {"arch": "mamba", "size": "150K", "size_by": "non-embedding", "config": {"d_state": 4}},
+        # Sizes the shape family meets within ±2% at this vocabulary (tests/test_sizing.py has the misses).
+        {"arch": "llama", "size": "270K", "name": "llama-270k"},
+        {"arch": "mamba", "size": "320K", "size_by": "non-embedding", "config": {"d_state": 4}},
         {"preset": "pythia-70m", "config": {"n_layer": 1}},
     ]
     study = parse_study(tiny_study_dict(models=models))
     vocab = study.data.nominal_vocab
     assert vocab == 512
     llama, mamba, pythia = (study.model_steps(m, vocab) for m in study.models)
-    assert abs(llama[1].total_params / 200_000 - 1) <= 0.02
-    assert abs(mamba[1].non_embedding_params / 150_000 - 1) <= 0.02 and mamba[0]["d_state"] == 4
+    assert abs(llama[1].total_params / 270_000 - 1) <= 0.02
+    assert abs(mamba[1].non_embedding_params / 320_000 - 1) <= 0.02 and mamba[0]["d_state"] == 4
     assert pythia[0] == {"d_model": 512, "n_layer": 1, "n_head": 8}  # the preset's shape, study's vocabulary
-    assert [m.label for m in study.models] == ["llama-200k", "mamba", "pythia-70m"]
+    assert [m.label for m in study.models] == ["llama-270k", "mamba", "pythia-70m"]
     assert study.models[2].architecture == "pythia"
 
 
@@ -169,7 +170,7 @@ def test_size_and_preset_resolve_with_the_study_vocabulary():
     ("model", "message"),
     [
         ({"arch": "gpt2", "size": "10K"}, "too small for gpt2"),
-        ({"arch": "gpt2", "size": "50K"}, r"within ±2% .* the closest is"),
+        ({"arch": "gpt2", "size": "1T", "config": {"n_layer": 2}}, "beyond gpt2's family"),
         ({"arch": "gpt2", "size": "lots"}, "not a size"),
         ({"preset": "gpt2-huge"}, "unknown preset"),
         ({"preset": "gpt2", "size": "30M"}, "fixes the size"),
