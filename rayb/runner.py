@@ -80,7 +80,7 @@ def plan_trials(
         for lr in study.train.lr:
             for seed in study.seeds:
                 init = checkpoints[model.init_from][seed] if model.init_from else None
-                key = study.trial_key(model, lr, seed, data_key, init.key if init else None)
+                key = study.trial_key(model, lr, seed, data_key, init.key if init else None, config)
                 trials.append(trial(model, key, arch=model.architecture, model_config=config, lr=lr, seed=seed,
                                     steps=steps, train_flops_per_token=cost.train_flops_per_token,
                                     init_from=init.to_dict() if init else None))  # fmt: skip

@@ -251,14 +251,19 @@ class Study(Spec):
         return digest(self.hashed())
 
     def trial_key(
-        self, model: ModelSpec, lr: float, seed: int, data_key: str, weights: str | None = None
-    ) -> str:
+        self, model: ModelSpec, lr: float, seed: int, data_key: str, weights: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> str:  # fmt: skip
         """Hash of everything that determines a trial's result; `data_key` identifies the token cache,
-        `weights` the checkpoint a pretrained or init_from model loads (another study's trial key)."""
+        `weights` the checkpoint a pretrained or init_from model loads (another study's trial key),
+        `config` the resolved shape of a model given by size or preset."""
         # Scheduling knobs do not change a trial's result, so they stay out of its key.
         train = {k: v for k, v in self.train.hashed().items() if k not in ("lr", *SCHEDULING_FIELDS)}
         key = {"data": data_key, "model": model.hashed(), "train": train, "lr": lr, "seed": seed}
-        return digest(key | ({"weights": weights} if weights else {}))
+        # `size: 8M` or `preset:` names a shape that rayb's solver or preset table resolves; when either
+        # changes, the trial is another model, and must not reuse the old one's results.
+        shape = {"shape": config} if config is not None and (model.size is not None or model.preset) else {}
+        return digest(key | shape | ({"weights": weights} if weights else {}))
 
 
 def _check_study_ref(ref) -> str | None:

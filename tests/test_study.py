@@ -123,6 +123,18 @@ def test_trial_keys_separate_what_matters():
     assert parse_study(raw).trial_key(gpt2, 3e-3, 0, "data1") == key
 
 
+def test_a_sized_models_key_follows_the_shape_its_size_resolves_to():
+    """`size: 1M` is whatever rayb's solver makes of it: if the solver changes, so does the trial."""
+    study = parse_study(tiny_study_dict(models=[{"arch": "gpt2", "size": "1M"}]))
+    (sized,) = study.models
+    config = study.model_steps(sized, 512)[0]
+    key = study.trial_key(sized, 3e-3, 0, "data1", config=config)
+    assert key == study.trial_key(sized, 3e-3, 0, "data1", config=dict(config))
+    assert key != study.trial_key(sized, 3e-3, 0, "data1", config=config | {"n_layer": config["n_layer"] + 1})
+    explicit = study.models[0].model_copy(update={"size": None, "config": config})
+    assert study.trial_key(explicit, 3e-3, 0, "data1", config=config) == study.trial_key(explicit, 3e-3, 0, "data1")
+
+
 def test_cli_validate(tmp_path, monkeypatch):
     runner = CliRunner()
     ok = runner.invoke(app, ["validate", str(CONFIGS / "smoke.yaml")])

@@ -147,3 +147,30 @@ def test_eval_only_refuses_to_train(study_run, tmp_path):
     assert result.exit_code == 2, result.output
     assert "--eval-only: 2 of 6 trials have no finished training" in " ".join(result.output.split())
     assert sorted(p.name for p in (out / "trials").iterdir()) == trials  # nothing started
+
+
+def test_adaptive_seeds_add_rounds_until_each_comparison_is_decided(study_run, tmp_path):
+    """`seeds: {min: 2, max: 5}` over the same output: round one is the two seeds already trained (mamba's
+    7.8% gap is not yet beyond O'Brien–Fleming's first boundary), so the run trains only the rounds the
+    sequential design asks for next, and the report replays them."""
+    from rayb.analysis.sequential import SeedRounds, replay
+
+    out, study_file, _ = study_run
+    adaptive = tmp_path / "adaptive.yaml"
+    raw = yaml.safe_load(study_file.read_text()) | {"name": "tiny-adaptive", "seeds": {"min": 2, "max": 5}}
+    adaptive.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(adaptive), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    study_dir = next((out / "studies").glob("tiny-adaptive-*"))
+    table = read_results(study_dir / "results.parquet")
+    values = {m: list(rows.sort_values("seed").val_loss) for m, rows in table.groupby("model", sort=False)}
+    rounds = replay(values, "gpt2", SeedRounds(2, 5))
+    ran = dict(rounds[-1].seeds) | {m: r.seeds[m] for r in rounds for m in r.stopped}
+    assert table.groupby("model").seed.count().to_dict() == ran  # what the design asked for, no more
+    assert len(rounds) >= 2 and not rounds[0].stopped and set(rounds[-1].stopped) == {"gpt2", "mamba"}
+    assert f"trained {sum(ran.values()) - 4} trials" in result.output
+    report = (study_dir / "report.md").read_text()
+    assert "## Seeds" in report and "Seeds were added in rounds: group-sequential Welch t-test" in report
+    assert "significance: group-sequential Welch t-test, O'Brien–Fleming α-spending" in report
+    rerun = CliRunner().invoke(app, ["run", str(adaptive), "--output", str(out)])
+    assert rerun.exit_code == 0 and "trained 0 trials" in rerun.output
