@@ -328,3 +328,47 @@ def test_significance_alpha_is_refused_with_its_replacement():
     with pytest.raises(StudyError) as err:
         parse_study(tiny_study_dict(verdict={"gate": {"significance_alpha": 0.05}}))
     assert "write `significance: welch` and `alpha: 0.05`" in str(err.value)
+
+
+def _sized(model: str, arch: str, params: int, loss: float) -> list[ResultRow]:
+    return [
+        ResultRow("gate", model, arch, 1e-3, seed, f"{model}-{seed}", "ok", val_loss=loss + 0.002 * seed,
+                  params_total=params)
+        for seed in range(3)
+    ]  # fmt: skip
+
+
+def _scaling_table(candidate_gain: float):
+    """The reference at three sizes on L = 60·N^(−0.3) + 1; the candidate at two, gaining `candidate_gain`."""
+    law = {n: 60 * n**-0.3 + 1 for n in (1_000_000, 3_000_000, 10_000_000)}
+    rows = [r for i, (n, loss) in enumerate(law.items()) for r in _sized(f"base-{i}", "gpt2", n, loss)]
+    rows += _sized("cand-s", "mamba", 1_000_000, law[1_000_000])
+    rows += _sized("cand-l", "mamba", 3_000_000, law[1_000_000] - candidate_gain)
+    return results_frame(rows), law[1_000_000] - law[3_000_000]
+
+
+def test_a_candidate_that_scales_worse_than_the_reference_law_crosses_a_red_line():
+    from rayb.analysis.scaling import fit_arch
+
+    table, predicted = _scaling_table(candidate_gain=0.5 * _scaling_table(0)[1])
+    base = table[table.arch == "gpt2"]
+    fit = fit_arch("gpt2", base.params_total.to_numpy(float), base.val_loss.to_numpy(float), [])
+    decisions = gate_all(GateSpec(), table, "base-0", reference_fit=fit)
+    for d in (d for d in decisions if d.candidate.startswith("cand")):
+        (line,) = [r for r in d.red_lines if r.startswith("scaling_violation")]
+        assert f"gains {predicted / 2:.4f} nats from 1,000,000 to 3,000,000" in line
+        assert f"less than the {predicted:.4f} the reference's scaling law predicts" in line
+        assert "(standard error over seeds: significant)" in line and d.outcome == "NO-GO"
+    fine, _ = _scaling_table(candidate_gain=1.2 * predicted)
+    assert not any(r.startswith("scaling_violation") for d in gate_all(GateSpec(), fine, "base-0", reference_fit=fit)
+                   for r in d.red_lines)  # fmt: skip
+    off = gate_all(GateSpec(scaling_violation=False), table, "base-0", reference_fit=fit)
+    assert not any("scaling" in r for d in off for r in d.reasons)
+
+
+def test_scaling_is_not_checked_with_one_size_or_without_a_law():
+    (d,) = gate_all(GateSpec(), results_frame(_rows("base", **BASE) + _rows("cand", **BASE)), "base")
+    assert "red line on scaling not checked: cand is trained at one size" in d.reasons
+    table, _ = _scaling_table(0.1)
+    d = next(d for d in gate_all(GateSpec(), table, "base-0") if d.candidate == "cand-l")
+    assert "red line on scaling not checked: the reference's scaling law is not usable (no fit)" in d.reasons

@@ -100,7 +100,7 @@ def scaling_loss(params: float, exponent: float) -> float:
 
 
 SIZES = {"small": 3_500_000, "large": 30_000_000}
-EXPONENTS = {"gpt": 0.3, "mamba": 0.3}  # parallel curves
+EXPONENTS = {"gpt": 0.3, "mamba": 0.29}  # near-parallel curves, mamba gaining a little more with size
 
 
 def full_rows() -> list[ResultRow]:

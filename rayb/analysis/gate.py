@@ -25,6 +25,8 @@ from rayb.analysis.stats import SignificanceRule, finite_values, seeds_to_detect
 if TYPE_CHECKING:
     import pandas as pd
 
+    from rayb.analysis.scaling import ScalingFit
+
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 
@@ -249,6 +251,41 @@ def _red_lines(spec: GateSpec, grades: dict[str, MetricGrade]) -> tuple[list[str
     return crossed, unchecked
 
 
+def scaling_violations(
+    spec: GateSpec, candidate: str, selected: pd.DataFrame, reference: str, reference_fit: ScalingFit | None
+) -> tuple[list[str], str | None]:
+    """The red line `scaling_violation`: between each size of the candidate's architecture and the next
+    (every model of that architecture in the study but the reference), the mean validation loss must fall
+    by at least what the reference's fitted law L(N) = a·N^(−b) + c predicts between those parameter
+    counts. Returns (violations, why it was not checked)."""
+    if not spec.scaling_violation:
+        return [], None
+    arch = str(selected.arch[selected.model.astype(str) == candidate].iloc[0])
+    if arch == str(selected.arch[selected.model.astype(str) == reference].iloc[0]):
+        return [], f"red line on scaling not checked: {arch} is the reference's architecture, whose law it is"
+    same_arch = selected[(selected.arch.astype(str) == arch) & (selected.model.astype(str) != reference)]
+    sizes = same_arch.groupby("params_total")["val_loss"].agg(["mean", "var", "count"]).sort_index()
+    if len(sizes) < 2:
+        return [], f"red line on scaling not checked: {arch} is trained at one size"
+    if reference_fit is None or reference_fit.error or reference_fit.warning:
+        why = "no fit" if reference_fit is None else reference_fit.error or reference_fit.warning
+        return [], f"red line on scaling not checked: the reference's scaling law is not usable ({why})"
+    lines = []
+    for (small, a), (large, b) in zip(sizes.iterrows(), list(sizes.iterrows())[1:], strict=False):
+        gained = a["mean"] - b["mean"]
+        predicted = float(reference_fit.loss(small) - reference_fit.loss(large))
+        if gained < predicted:
+            error = math.sqrt(np.nan_to_num(a["var"] / a["count"] + b["var"] / b["count"]))
+            noise = "significant" if predicted - gained > 2 * error else "not significant"
+            lines.append(
+                f"scaling_violation: {arch} gains {gained:.4f} nats from {int(small):,} to {int(large):,} "
+                f"parameters (means over {int(a['count'])} and {int(b['count'])} seeds), less than the "
+                f"{predicted:.4f} the reference's scaling law predicts between those sizes; short by "
+                f"{predicted - gained:.4f} ± {error:.4f} (standard error over seeds: {noise})"
+            )
+    return lines, None
+
+
 def _at_least(grade: str, floor: str) -> bool:
     return grade in GRADES and GRADES.index(grade) >= GRADES.index(floor)
 
@@ -312,9 +349,10 @@ def _pass_rule(spec: GateSpec, classes: list[str]) -> tuple[bool, str]:
 
 def decide(
     spec: GateSpec, candidate: pd.DataFrame, baseline: pd.DataFrame, names: tuple[str, str],
-    significance: SignificanceRule | None = None,
+    significance: SignificanceRule | None = None, scaling: tuple[list[str], str | None] = ([], None),
 ) -> GateDecision:  # fmt: skip
-    """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr)."""
+    """Apply the gate to one candidate's seed rows against the baseline's (each at its selected lr);
+    `scaling` is scaling_violations' answer for the candidate."""
     significance = significance or SignificanceRule(spec.significance, spec.alpha)
     grades = {
         name: measure(name, rule, candidate, baseline, significance) for name, rule in spec.metrics.items()
@@ -329,6 +367,8 @@ def decide(
     crossed, unchecked = _red_lines(spec, grades)
     if spec.max_loss_spike is not None:
         crossed += _spike_lines(spec, candidate)
+    crossed += scaling[0]
+    unchecked += [scaling[1]] if scaling[1] else []
     reasons += [f"red line: {line}" for line in crossed] + unchecked
     scale, why = _should_scale(spec, grades, crossed)
     scale_on_points = _should_scale(spec, grades, crossed, point=True)[0]
@@ -344,18 +384,27 @@ def decide(
 
 
 def gate_all(
-    spec: GateSpec, selected: pd.DataFrame, reference: str, significance: SignificanceRule | None = None
-) -> list[GateDecision]:
+    spec: GateSpec, selected: pd.DataFrame, reference: str, significance: SignificanceRule | None = None,
+    reference_fit: ScalingFit | None = None,
+) -> list[GateDecision]:  # fmt: skip
     """The gate for every candidate (default: every trained model but the reference; pretrained
     references are reference points, not candidates) in `selected`, the results rows of each model
-    at its selected learning rate; `significance` defaults to the gate's own rule with fixed seeds."""
+    at its selected learning rate; `significance` defaults to the gate's own rule with fixed seeds, and
+    `reference_fit` is the reference architecture's scaling law, for the scaling_violation red line."""
     by_model = {str(m): rows for m, rows in selected.groupby("model", sort=False)}
     if reference not in by_model:
         return []
     pretrained = set(selected.model[selected.pretrained.astype(bool)]) if "pretrained" in selected else set()
     candidates = spec.candidates or [m for m in by_model if m != reference and m not in pretrained]
     return [
-        decide(spec, by_model[name], by_model[reference], (name, reference), significance)
+        decide(
+            spec,
+            by_model[name],
+            by_model[reference],
+            (name, reference),
+            significance,
+            scaling_violations(spec, name, selected, reference, reference_fit),
+        )  # fmt: skip
         if name in by_model
         else GateDecision(
             name,

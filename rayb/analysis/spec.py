@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayb.eval.registry import BENCHMARKS
-from rayb.spec import Spec
+from rayb.spec import Spec, added_field
 
 THRESHOLD = re.compile(r"^\s*(<=|<|>=|>)\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
 
@@ -157,6 +157,11 @@ class GateSpec(Spec):
         description="red line: a training loss above this × its running average (null: off)",
     )
     spike_window: int = Field(default=20, ge=2, description="steps in the running average of the spike check")
+    scaling_violation: bool = added_field(
+        True,
+        description="red line: a candidate trained at several sizes must improve from each size to the next "
+        "by at least what the reference's fitted scaling law predicts between them",
+    )
     significance: Literal["2sigma", "welch", "both", "none"] = Field(
         default="2sigma",
         description="the rule a difference must pass to grade above parity: '2sigma' |Δmean| > 2·√(σ₁²+σ₂²) "

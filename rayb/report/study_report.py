@@ -169,7 +169,7 @@ def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
     }
     order = [row.model for row in verdict.rows]
     gate = sorted(
-        gate_all(spec.gate, selected, verdict.reference, rule),
+        gate_all(spec.gate, selected, verdict.reference, rule, ref_fit),
         key=lambda d: order.index(d.candidate) if d.candidate in order else len(order),
     )
     rounds = []
