@@ -59,37 +59,15 @@ def validate(study_file: Path) -> None:
 
 
 def _size_warnings(study, plan) -> list[str]:
-    """Sizes that the shape family misses by more than ±2%, and models compared with the reference that
-    still differ in total parameters, training FLOPs per token or depth."""
-    from rayb.models.sizing import comparability_warnings, match, parse_size
+    from rayb.analysis.comparability import Counted, size_warnings
 
-    vocab, seq_len = study.data.nominal_vocab, study.data.seq_len
-    sized = [m for m in study.trained_models if m.size is not None]
-    found = {m.label: match(m.arch, parse_size(m.size), m.size_by, vocab, seq_len, m.config) for m in sized}
-    misses = [f"{label}: {m.note}" for label, m in found.items() if m.note]
-    planned = {p.label: p for p in plan.models}
-    compared = [study.reference, *(study.verdict.gate.candidates or planned)]
-    counts = [
-        (p.label, p.params_total, p.flops_per_trial / p.tokens_per_trial if p.tokens_per_trial else None,
-         p.config.get("n_layer"))
-        for p in (planned[label] for label in dict.fromkeys(compared))
-    ]  # fmt: skip
-    return misses + comparability_warnings(counts, _matched_by(study, compared), study.reference)
-
-
-def _matched_by(study, labels: list[str]) -> str:
-    """The count the sizes of these models were matched on, in words."""
-    from rayb.models.presets import get_preset
-
-    ways = set()
-    for m in (m for m in study.trained_models if m.label in labels):
-        preset = get_preset(m.preset) if m.preset else None
-        if m.size is not None or (preset and preset.named_size):
-            ways.add(f"{m.size_by if m.size is not None else preset.sized_by} parameters")
-        else:
-            ways.add("explicit shapes")
-    budget = study.train.flops_budget
-    return " and ".join(sorted(ways)) + (f", under a {budget:.3g} training FLOPs budget" if budget else "")
+    counts = {
+        p.label: Counted(p.arch, p.config, p.params_total, p.params_non_embedding,
+                         p.flops_per_trial / p.tokens_per_trial if p.tokens_per_trial else None)
+        for p in plan.models
+    }  # fmt: skip
+    gate = study.verdict.gate
+    return size_warnings(study.models, counts, study.reference, gate.candidates, study.train.flops_budget)
 
 
 def _duration(hours: float) -> str:

@@ -15,7 +15,9 @@ import torch
 from rayb.models import kernels, nanogpt
 from rayb.models.accounting import Cost
 from rayb.models.common import attention_heads, swiglu_width
-from rayb.models.registry import Architecture, register
+from rayb.models.registry import Architecture, InnerWidth, register
+
+FOUR_D = InnerWidth("d_ff", lambda d_model: 4 * d_model)  # GPT-2's and Pythia's MLP
 
 
 def _hf_model(cfg):
@@ -225,19 +227,21 @@ def _mamba2_shape(d_model: int, n_layer: int) -> dict[str, Any]:
 
 
 for _arch in (
-    Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape,
+    Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape, inner=FOUR_D,
                  description="GPT-2 (transformers GPT2LMHeadModel)", kernel_paths=kernels.attention),
-    Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape,
+    Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape, inner=FOUR_D,
                  description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary",
                  kernel_paths=kernels.attention),
     Architecture("llama", llama_config, _hf_model, llama_cost, _attention_shape,
+                 inner=InnerWidth("d_ff", swiglu_width),
                  description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU",
                  kernel_paths=kernels.attention),
     Architecture("mamba", mamba_config, mamba_model, mamba_cost,
-                 lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0,
+                 lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0, layers_per_block=2,
                  description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)",
                  kernel_paths=kernels.mamba),
     Architecture("mamba2", mamba2_config, mamba_model, mamba2_cost, _mamba2_shape, aspect=32.0,
+                 layers_per_block=2,
                  description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)",
                  device_defaults=mamba2_device_defaults, kernel_paths=kernels.mamba2),
 ):  # fmt: skip

@@ -25,7 +25,7 @@ from torch.utils.flop_counter import register_flop_formula
 from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, SwiGLU, init_normal, swiglu_width
-from rayb.models.registry import Architecture, register
+from rayb.models.registry import Architecture, InnerWidth, register
 
 
 @dataclass
@@ -284,6 +284,7 @@ register(
         cost=cost,
         shape=shape,
         aspect=64.0,
+        inner=InnerWidth("d_ff", swiglu_width),
         description="Gated DeltaNet (fla parameterization); pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule"),
     )

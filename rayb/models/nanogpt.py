@@ -18,7 +18,7 @@ from torch import nn
 from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, attention_heads, init_normal
-from rayb.models.registry import Architecture, register
+from rayb.models.registry import Architecture, InnerWidth, register
 
 
 @dataclass
@@ -147,6 +147,7 @@ register(
         model=GPT,
         cost=cost,
         shape=shape,
+        inner=InnerWidth("d_ff", lambda d_model: 4 * d_model),
         description="GPT-2 in nanoGPT's form: optional biases (bias) and untied head (tie_embeddings)",
         kernel_paths=kernels.attention,
     )

@@ -4,9 +4,8 @@ A preset is an architecture, a config, and the vocabulary and context it was def
 params NAME` counts it, and a study can use one as `preset: NAME`. Counts for the official
 checkpoints are their published totals (tests build each preset on the meta device and pin them).
 The plans' scales are the member of each architecture's shape family (rayb/models/sizing.py) nearest
-the named size, as `rayb match` solves it, frozen here so a named size means the same model in every
-study (a test holds them to the solver). Where the family has no shape within ±2% of the size, the
-preset says how far its count is.
+the named size, its inner width tuned to land within ±2%, as `rayb match` solves it, frozen here so a
+named size means the same model in every study (a test holds them to the solver).
 """
 
 from __future__ import annotations
@@ -65,13 +64,13 @@ PRESETS: dict[str, Preset] = {
         _mamba("mamba-370m", 1024, 48, 371_516_416),
         # GPT-2 at the small scales (GPT-2 tokenizer). Sized by non-embedding parameters: a
         # 50,257-token embedding alone is 3.2M at width 64, so "3.5M total" leaves no model. One
-        # layer or 32 of width is a 12-25% step at these sizes, so the family misses ±2%.
-        _scale("gpt2-3.5m", "gpt2", {"d_model": 256, "n_layer": 4, "n_head": 4}, GPT2_VOCAB, 1024,
-               3_500_000, "non-embedding", "GPT-2 nearest 3.5M non-embedding parameters (3.16M, -9.7%)"),
-        _scale("gpt2-8m", "gpt2", {"d_model": 352, "n_layer": 5, "n_head": 11}, GPT2_VOCAB, 1024,
-               8_000_000, "non-embedding", "GPT-2 nearest 8M non-embedding parameters (7.46M, -6.8%)"),
-        _scale("gpt2-30m", "gpt2", {"d_model": 544, "n_layer": 8, "n_head": 17}, GPT2_VOCAB, 1024,
-               30_000_000, "non-embedding", "GPT-2 nearest 30M non-embedding parameters (28.5M, -5.1%)"),
+        # layer or 32 of width is a 12-25% step at these sizes: d_ff lands the count within ±2%.
+        _scale("gpt2-3.5m", "gpt2", {"d_model": 256, "n_layer": 4, "n_head": 4, "d_ff": 1184}, GPT2_VOCAB,
+               1024, 3_500_000, "non-embedding", "GPT-2 at 3.5M non-embedding parameters"),
+        _scale("gpt2-8m", "gpt2", {"d_model": 352, "n_layer": 5, "n_head": 11, "d_ff": 1568}, GPT2_VOCAB,
+               1024, 8_000_000, "non-embedding", "GPT-2 at 8M non-embedding parameters"),
+        _scale("gpt2-30m", "gpt2", {"d_model": 544, "n_layer": 8, "n_head": 17, "d_ff": 2336}, GPT2_VOCAB,
+               1024, 30_000_000, "non-embedding", "GPT-2 at 30M non-embedding parameters"),
         _scale("gpt2-125m", "gpt2", {"d_model": 768, "n_layer": 12, "n_head": 12}, GPT2_VOCAB, 1024,
                125_000_000, "total", "GPT-2 small's shape"),
         # Transformer++ / Mamba-2 / Gated DeltaNet at ~50M/360M/760M total with the Llama-2 32K

@@ -5,7 +5,8 @@ model without building it: `configure(config, vocab_size, seq_len)` turns the st
 the architecture's full config object (all defaults resolved, unknown keys rejected), and `model(cfg)`
 builds the causal LM from it. `cost(cfg, seq_len)` gives the analytic parameter and FLOP accounting,
 and `shape(d_model, n_layer)` the architecture's shape rules (heads, FFN width) that size matching
-searches over. A model's forward(input_ids) returns an object with `.logits`.
+searches over, with `inner`, the feed-forward (or inner) width it fine-tunes a count with. A model's
+forward(input_ids) returns an object with `.logits`.
 
 A user's own model plugs in without editing rayb: `arch: my_pkg.model:build` in the study file names
 a function build(config, vocab_size, seq_len) -> nn.Module; it is counted from the built model.
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class InnerWidth:
+    """The config key of an architecture's feed-forward (or inner) width, and its default at a d_model."""
+
+    key: str
+    default: Callable[[int], int]
+
+
+@dataclass(frozen=True)
 class Architecture:
     name: str
     configure: Callable[[dict[str, Any], int, int], Any]  # (config, vocab_size, seq_len) -> cfg object
@@ -35,6 +44,11 @@ class Architecture:
     cost: Callable[[Any, int], Cost] | None = None  # (cfg object, seq_len) -> analytic accounting
     shape: Callable[[int, int], dict[str, Any]] | None = None  # (d_model, n_layer) -> config dict
     aspect: float = 64.0  # the d_model / n_layer ratio size matching prefers (GPT-2 small: 768/12)
+    # Size matching's fine knob (sizing.py); None where the config cannot set the width in steps of 32.
+    inner: InnerWidth | None = None
+    # Layers that make up one transformer block's worth of model: 2 for a mixer-only layer (Mamba's), whose
+    # one mixer stands in for both attention and MLP. Depth is compared in blocks.
+    layers_per_block: int = 1
     description: str = ""
     # ("cpu" | "cuda") -> config entries whose best default differs by device and changes the FLOPs or the
     # numerics (Mamba-2's SSD chunk). They are pinned into every trial's config on the driver, so a GPU

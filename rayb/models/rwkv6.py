@@ -28,12 +28,16 @@ from torch import nn
 from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, init_normal, round_up
-from rayb.models.registry import Architecture, register
+from rayb.models.registry import Architecture, InnerWidth, register
 
 CHUNK = 16  # tokens per chunk of the CPU kernel: the [C, C, head_size] decay tensor stays small
 HEAD_SIZE_DIVISOR = 8  # RWKV-6 folds it into ln_x's eps (v5 divided the input by it instead)
 MIN_LOG_DECAY = -60.0  # a per-token decay below e^-60 already forgets everything; the floor keeps
 # within-chunk cumulative log-decays small, so their differences lose no fp32 precision
+
+
+def default_ffn(d_model: int) -> int:
+    return int(3.5 * d_model) // 32 * 32
 
 
 @dataclass
@@ -51,7 +55,7 @@ class RWKV6Config:
 
     def __post_init__(self):
         if self.d_ffn is None:
-            self.d_ffn = int(3.5 * self.d_model) // 32 * 32
+            self.d_ffn = default_ffn(self.d_model)
         for name in ("vocab_size", "d_model", "n_layer", "head_size", "d_ffn", "mix_lora", "decay_lora"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -296,6 +300,7 @@ register(
         cost=cost,
         shape=shape,
         aspect=64.0,
+        inner=InnerWidth("d_ffn", default_ffn),
         description="RWKV-6 Finch; pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV"),
     )

@@ -1,4 +1,5 @@
-"""Size matching: each architecture's shape family, and the member of it nearest a parameter target.
+"""Size matching: each architecture's shape family, and the member of it nearest a parameter target, with
+its inner width tuned to land on the target.
 
 The family. Every registered architecture has shape rules, `shape(d_model, n_layer) -> config` (heads,
 FFN width, state size follow from the two), a closed-form cost, and a preferred d_model/n_layer ratio,
@@ -9,12 +10,21 @@ adds the layer). So widths are multiples of 32 (heads 32 or 64 wide, as the shap
 stays within one step of the aspect, and depth and width never shrink as the target grows: every size of
 an architecture is the same model family, which is what a scaling-law fit over them assumes.
 
-The match. A target gets the family member whose count is nearest it in ratio. Consecutive members differ
-by about 1/n_layer in parameters (25% at 4 layers, 4% at 25), so below a few hundred million parameters
-the nearest member can miss ±2%: the match then says so (`Match.note`, with both neighbours) instead of
-leaving the family for a shape that hits the number. No rule can do both: a sequence whose width and
-depth never shrink moves one step at a time, and one step is that large. Keys the caller pins (`fixed`,
-e.g. {"d_state": 16} or {"n_layer": 6}) stay; pinning n_layer or d_model walks the other one alone.
+The match, in two steps. Consecutive members differ by about 1/n_layer in parameters (25% at 4 layers,
+4% at 25), too coarse for ±2% below a few hundred million parameters, so:
+1. The member: of the two members around the target, the nearest at its default inner width; the other
+   one only when the nearest cannot reach ±2% in step 2 and the other can. Both rules move to larger
+   members as the target grows, so d_model and n_layer still never shrink.
+2. The fine knob: if that member misses ±2%, its feed-forward (or inner) width, `Architecture.inner`
+   (d_ff for GPT-2, Pythia, Llama and Gated DeltaNet, d_ffn for RWKV-6), is set to the multiple of 32
+   within INNER_BAND (±30%) of its default whose count lands nearest the target. d_model, n_layer and
+   the heads stay the family's. Within ±2% at the default, the default stays.
+Where even the band cannot reach ±2% (one or two layers, where a layer is a third of the model), or the
+architecture has no inner width to tune (transformers' Mamba and Mamba-2 take it only as an integer
+`expand` × d_model, and a saved checkpoint is rebuilt from that), the match says so (`Match.note`, with
+both neighbours) instead of leaving the family. Keys the caller pins (`fixed`, e.g. {"d_state": 16},
+{"n_layer": 6} or {"d_ff": 1024}) stay; pinning n_layer or d_model walks the other one alone, and pinning
+the inner width turns the knob off.
 """
 
 from __future__ import annotations
@@ -22,9 +32,9 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from rayb.models.accounting import Cost
 from rayb.models.registry import Architecture, configure, get_arch
@@ -34,8 +44,7 @@ WIDTH_STEP = 32  # the smallest usual head size: widths stay multiples of it
 MAX_WIDTH = 16384
 MAX_LAYERS = 256
 TOLERANCE = 0.02
-# Models compared with each other differ by more than this and the comparison is flagged.
-COMPARABLE_RATIO = {"total parameters": 1.25, "training FLOPs per token": 1.25, "depth": 2.0}
+INNER_BAND = 0.30  # how far size matching moves an inner width from its default, either way
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -78,7 +87,9 @@ class Match:
 
     @property
     def shape(self) -> str:
-        return f"d_model {self.config['d_model']} × {self.config['n_layer']} layers"
+        inner = get_arch(self.arch).inner
+        width = f", {inner.key} {self.config[inner.key]}" if inner and inner.key in self.config else ""
+        return f"d_model {self.config['d_model']} × {self.config['n_layer']} layers{width}"
 
 
 def family(spec: Architecture, fixed: dict[str, Any]) -> Iterator[tuple[int, int]]:
@@ -105,8 +116,8 @@ def match(
     fixed: dict[str, Any] | None = None,
     tolerance: float = TOLERANCE,
 ) -> Match:
-    """The member of `arch`'s family nearest `target` parameters; its `note` says when it misses the
-    tolerance. SizeError when the target lies outside the family."""
+    """The member of `arch`'s family nearest `target` parameters, its inner width tuned to meet the
+    tolerance; its `note` says when even that misses. SizeError when the target lies outside the family."""
     spec = get_arch(arch)
     if spec.shape is None or spec.cost is None:
         raise SizeError(
@@ -115,24 +126,64 @@ def match(
         )
     fixed = dict(fixed or {})
     below, above = _bracket(spec, target, by, vocab_size, seq_len, fixed)
+    members = sorted((m for m in (below, above) if m), key=_distance)  # nearest at the default width first
+    tuned = [_tune(spec, m, vocab_size, seq_len, fixed, tolerance) for m in members]
+    hit = next((m for m in tuned if abs(m.error) <= tolerance), None)
+    if hit is not None:
+        return hit
     if below is None:
-        _too_small(spec, above, fixed, vocab_size, tolerance)
-    if above is None and below.error < -tolerance:
+        _too_small(spec, tuned[0], fixed, vocab_size)
+    if above is None:
         raise SizeError(
             f"{target:,} {by} parameters is beyond {arch}'s family (d_model ≤ {MAX_WIDTH}, n_layer ≤ "
             f"{MAX_LAYERS}{', fixed ' + str(fixed) if fixed else ''}): its largest shape, {below.shape}, "
-            f"has {below.params:,}"
+            f"has {tuned[0].params:,}"
         )
-    nearest = min((m for m in (below, above) if m), key=lambda m: abs(math.log(m.params / target)))
-    if abs(nearest.error) <= tolerance:
-        return nearest
-    neighbours = " and ".join(f"{m.shape} ({m.error:+.1%})" for m in (below, above) if m)
+    neighbours = " and ".join(f"{m.shape} ({m.error:+.1%})" for m in sorted(tuned, key=lambda m: m.params))
+    within = _band_words(spec, fixed)
     return replace(
-        nearest,
+        min(tuned, key=_distance),
         note=f"no shape of {arch}'s family{' with ' + str(fixed) if fixed else ''} is within ±{tolerance:.0%} "
-        f"of {target:,} {by} parameters; the nearest are {neighbours}. Pin d_model and n_layer in the "
-        "config for another count",
+        f"of {target:,} {by} parameters{within}; the nearest are {neighbours}. Pin d_model and n_layer in "
+        "the config for another count",
     )
+
+
+def _distance(m: Match) -> float:
+    return abs(math.log(m.params / m.target))
+
+
+def _tune(spec: Architecture, member: Match, vocab_size, seq_len, fixed, tolerance) -> Match:
+    """`member` as it is when within the tolerance (or without a knob to turn); otherwise with the inner
+    width, a multiple of WIDTH_STEP within INNER_BAND of its default, that lands nearest the target."""
+    if abs(member.error) <= tolerance or spec.inner is None or spec.inner.key in fixed:
+        return member
+    d, n_layer, key = member.config["d_model"], member.config["n_layer"], spec.inner.key
+    default = spec.inner.default(d)
+    low = math.ceil(default * (1 - INNER_BAND) / WIDTH_STEP) * WIDTH_STEP
+    high = math.floor(default * (1 + INNER_BAND) / WIDTH_STEP) * WIDTH_STEP
+
+    def at(width: int) -> Match | None:
+        return _evaluate(
+            spec, d, n_layer, member.target, member.by, vocab_size, seq_len, fixed | {key: width}
+        )
+
+    ends = at(low), at(high)
+    if None in ends or ends[0].params == ends[1].params:
+        return member
+    # Counts are affine in the inner width: the two ends give the width nearest the target.
+    slope = (ends[1].params - ends[0].params) / (high - low)
+    best = low + round((member.target - ends[0].params) / slope / WIDTH_STEP) * WIDTH_STEP
+    around = {min(max(w, low), high) for w in (best - WIDTH_STEP, best, best + WIDTH_STEP)} - {default}
+    return min([member, *(m for m in map(at, around) if m)], key=_distance)
+
+
+def _band_words(spec: Architecture, fixed: dict[str, Any]) -> str:
+    if spec.inner is None:
+        return f" ({spec.name} has no inner width to fine-tune a count with)"
+    if spec.inner.key in fixed:
+        return ""
+    return f", even with {spec.inner.key} within ±{INNER_BAND:.0%} of its default"
 
 
 def _bracket(spec, target, by, vocab_size, seq_len, fixed) -> tuple[Match | None, Match | None]:
@@ -150,10 +201,8 @@ def _bracket(spec, target, by, vocab_size, seq_len, fixed) -> tuple[Match | None
     return below, None
 
 
-def _too_small(spec, smallest: Match, fixed, vocab_size, tolerance) -> None:
-    """The target lies below the smallest member: fine within the tolerance, else say what takes the room."""
-    if smallest.error <= tolerance:
-        return
+def _too_small(spec, smallest: Match, fixed, vocab_size) -> NoReturn:
+    """The target lies below the smallest member, even with its inner width narrowed: say what takes the room."""
     cost, target, by = smallest.cost, smallest.target, smallest.by
     why = (
         f"{cost.embedding_params:,} of them are the embedding (vocabulary {vocab_size:,} × d_model "
@@ -184,45 +233,3 @@ def _evaluate(spec, d, n_layer, target, by, vocab_size, seq_len, fixed) -> Match
     config = _config(spec, d, n_layer, fixed)
     cost = _cost(spec.name, tuple(sorted(config.items())), vocab_size, seq_len)
     return None if cost is None else Match(spec.name, config, cost, target, by)
-
-
-def comparability_warnings(
-    models: Sequence[tuple[str, int | None, float | None, int | None]],
-    matched_by: str,
-    reference: str | None = None,
-) -> list[str]:
-    """What makes models compared with each other unlike in size, one line per pair: total parameters or
-    training FLOPs per token apart by more than 25%, or depth by more than 2× (COMPARABLE_RATIO).
-
-    `models` holds (label, params_total, train_flops_per_token, n_layer); a None (a pretrained reference,
-    a user's model without n_layer) is not compared. Each model is compared with `reference`, or, without
-    one, every pair. `matched_by` says which count the sizes were matched on ("non-embedding parameters"),
-    so the warning reads as what the match left unequal."""
-    counts = {label: dict(zip(COMPARABLE_RATIO, numbers, strict=True)) for label, *numbers in models}
-    if reference in counts:
-        pairs = [(reference, other) for other in counts if other != reference]
-    else:
-        pairs = [(a, b) for i, a in enumerate(counts) for b in list(counts)[i + 1 :]]
-    warnings = []
-    for first, second in pairs:
-        differs = [
-            line
-            for name, limit in COMPARABLE_RATIO.items()
-            if (line := _difference(name, counts[second][name], counts[first][name], limit))
-        ]
-        if differs:
-            warnings.append(
-                f"{second} vs {first}, matched by {matched_by}, still differ in " + "; ".join(differs)
-            )
-    return warnings
-
-
-def _difference(name: str, value: float | None, other: float | None, limit: float) -> str | None:
-    if value is None or other is None or min(value, other) <= 0:
-        return None
-    ratio = max(value, other) / min(value, other)
-    if ratio <= limit:
-        return None
-    shown = f"{value:.3g} vs {other:.3g}" if "FLOPs" in name else f"{value:,} vs {other:,}"
-    shown += " layers" if name == "depth" else ""
-    return f"{name} {shown} ({ratio:.2f}×, more than {limit:g}×)"
