@@ -202,6 +202,46 @@ def test_write_report(results, tmp_path):
     assert "## Provenance" in md and report.provenance["fingerprint"] in md
 
 
+def test_report_warns_when_compared_models_are_unlike_in_size(tmp_path):
+    from conftest import tiny_study_dict
+
+    from rayb.report.provenance import collect
+    from rayb.study import parse_study
+
+    # model -> (study entry, total, non-embedding, training FLOPs per token, n_layer): as the trials recorded
+    sized = {
+        "gpt": ({"preset": "gpt2-8m"}, 26_072_736, 8_021_824, 1.76e8, 5),
+        "mamba": ({"arch": "mamba2", "size": "8M"}, 23_837_450, 7_755_210, 1.62e8, 11),  # 5.5 blocks
+        "rwkv": ({"arch": "rwkv6", "size": "8M"}, 40_178_560, 8_014_080, 1.46e8, 5),  # untied head
+    }
+    rows = [
+        _trial(model, entry.get("arch", "gpt2"), lr, seed, MODELS[model][1], total,
+               params_non_embedding=non_embedding, train_flops_per_token=flops,
+               model_config=json.dumps({"d_model": 320, "n_layer": n_layer}))
+        for model, (entry, total, non_embedding, flops, n_layer) in sized.items()
+        for lr in LRS
+        for seed in SEEDS
+    ]  # fmt: skip
+    models = [entry | {"name": model, "size_by": "non-embedding"} for model, (entry, *_) in sized.items()]
+    study = parse_study(tiny_study_dict(name="toy", models=models, verdict={"reference": REFERENCE}))
+    report = build_report(results_frame(rows), collect(study, ENTROPY, {"nodes": 1, "CPU": 8}))
+
+    assert report.size_warnings == [
+        "mamba: 7,755,210 non-embedding parameters, -3.1% from the 8M it was sized to; mamba2's shape family "
+        "has no shape within ±2% of it (`rayb match` names the nearest)",
+        # Depth is compared in blocks: Mamba-2's 11 layers are 5.5 blocks against GPT-2's 5, not 2.2×.
+        "rwkv vs gpt, matched by non-embedding parameters, still differ in total parameters 40,178,560 vs "
+        "26,072,736 (1.54×, more than 1.25×)",
+    ]
+    paths = write_report(report, tmp_path / "out")
+    md = paths["report"].read_text()
+    verdict_section = md[md.index("## Verdict") : md.index("## Comparison")]
+    assert all(f"- ⚠ {warning}" in verdict_section for warning in report.size_warnings)
+    summary = paths["summary"].read_text()
+    assert all(f"⚠ {warning}" in summary for warning in report.size_warnings)
+    assert json.loads(paths["json"].read_text())["size_warnings"] == report.size_warnings
+
+
 def test_efficiency_and_pareto(results):
     from rayb.analysis.efficiency import efficiency, pareto_front
 

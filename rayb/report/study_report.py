@@ -69,6 +69,7 @@ def summary_text(report: StudyReport) -> str:
     verdict = report.verdict
     lines = [f"Study {verdict.study}: reference {verdict.reference}", ""]
     lines += [gate_headline(d).replace("**", "") for d in report.gate]
+    lines += [f"⚠ {warning}" for warning in report.size_warnings]
     lines += [line for line in rounds_section(report.rounds, report.design) if not line.startswith("#")]
     lines += [
         "",
@@ -113,6 +114,7 @@ class StudyReport:
     figures: dict[str, bytes]  # FIGURES name -> PNG, for the figures there is data for
     rounds: list[Round] = dataclasses.field(default_factory=list)  # adaptive seeds, replayed from the table
     design: str = ""  # the adaptive seeds' sequential design, in words
+    size_warnings: list[str] = dataclasses.field(default_factory=list)  # analysis/comparability.py
 
     @property
     def unigram_entropy_nats(self) -> float | None:
@@ -181,7 +183,26 @@ def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:
         efficiency=rows, scaling=fits, parallels=parallels,
         figures={name: png for name, png in figures.items() if png is not None},
         rounds=rounds, design=rule.rounds.describe() if rule.rounds else "",
+        size_warnings=_size_warnings(df, study, verdict.reference, spec.gate.candidates),
     )  # fmt: skip
+
+
+def _size_warnings(df: pd.DataFrame, study: dict[str, Any], reference: str, candidates) -> list[str]:
+    """analysis/comparability.py's warnings, on the counts the results table recorded for each model."""
+    from rayb.analysis.comparability import Counted, size_warnings
+    from rayb.models.spec import ModelSpec
+
+    def known(value):  # a count the trial did not record is 0 or NaN in the table
+        return value if pd.notna(value) and value > 0 else None
+
+    counted = df[df.params_total > 0].drop_duplicates("model")
+    counts = {
+        row.model: Counted(row.arch, json.loads(row.model_config), int(row.params_total),
+                           known(row.params_non_embedding), known(row.train_flops_per_token))
+        for row in counted.itertuples()
+    }  # fmt: skip
+    models = [ModelSpec.model_validate(m) for m in study["models"]]
+    return size_warnings(models, counts, reference, candidates, study.get("train", {}).get("flops_budget"))
 
 
 def _image(report: StudyReport, name: str, image_src) -> str | None:
@@ -202,6 +223,7 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
         "## Verdict",
         "",
         *(f"- {gate_headline(d)}" for d in report.gate),
+        *(f"- ⚠ {warning}" for warning in report.size_warnings),
         "",
         verdict_text(verdict),
         "",
@@ -278,6 +300,7 @@ def report_to_dict(report: StudyReport) -> dict:
     data["parallel"] = [
         dict(zip(("arch", "reference_arch", "parallel", "p"), p, strict=True)) for p in report.parallels
     ]
+    data["size_warnings"] = report.size_warnings
     data["provenance"] = report.provenance
     return _json_safe(data)
 
