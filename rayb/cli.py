@@ -76,9 +76,13 @@ def _duration(hours: float) -> str:
 
 def _trial_count(study) -> str:
     trained, references = len(study.trained_models), len(study.models) - len(study.trained_models)
+    rounds = study.seed_rounds
+    seeds = (
+        f"{len(study.seeds)} seeds" if rounds is None else f"{rounds.min} to {rounds.max} seeds, in rounds"
+    )
     count = (
-        f"{trained} trained model{'s' if trained != 1 else ''} × {len(study.train.lr)} lr × {len(study.seeds)} seeds = "
-        f"{trained * len(study.train.lr) * len(study.seeds)} trials"
+        f"{trained} trained model{'s' if trained != 1 else ''} × {len(study.train.lr)} lr × {seeds} = "
+        f"{'' if rounds is None else 'at most '}{trained * len(study.train.lr) * len(study.seeds)} trials"
     )
     return count + (f", and {references} pretrained references evaluated" if references else "")
 

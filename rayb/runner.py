@@ -223,6 +223,8 @@ def run_study(
     trained, groups = 0, 0
     with evaluating_beside(evaluations, feed) as evaluated:
         while packs := _packs(wanted, slots, cores):
+            if study.seed_rounds is not None:
+                log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
             trained += sum(len(p.pending) for p in packs)
             groups = max(groups, min(slots, len(packs)))
             errors |= run_packs(packs, out / "ray" / "tune", min(slots, len(packs)))
@@ -230,7 +232,6 @@ def run_study(
                 break
             await_held_out_loss(study, wanted, evaluated)
             wanted = adaptive_wanted(study, trials)
-            log(f"seeds per model for the next round: {_seed_counts(wanted)}")
         stages.end("training")
     stages.end("evaluation_after_training")
     try:

@@ -143,8 +143,8 @@ class Round:
 def replay(values: dict[str, list[float]], reference: str, rounds: SeedRounds) -> list[Round]:
     """The rounds a study's seeds went through: `values` holds each model's loss per seed, in the order
     the seeds were run. A round looks at the first n seeds of every model still running; a model stops
-    when each of its comparisons is decided (the reference: all of them), or at `max`. The last round
-    is the one still to be completed when a model lacks the seeds its round asks for."""
+    when each of its comparisons is decided (the reference: all of them), or at `max`. Only complete
+    rounds are returned: the replay ends where a model lacks the seeds its round asks for."""
     running = {m: rounds.min for m in values}
     decided: dict[str, PairLook] = {}
     history = []
