@@ -81,7 +81,11 @@ def _simulate(rounds: SeedRounds, relative_difference: float, seed: int) -> tupl
         history = replay(values, "base", rounds)
         ran = dict(history[-1].seeds) | {m: r.seeds[m] for r in history for m in r.stopped}
         table = pd.DataFrame(
-            [{"model": m, "seed": i, "val_loss": values[m][i]} for m, n in ran.items() for i in range(n)]
+            [
+                {"model": m, "arch": m, "params_total": 1_000_000, "seed": i, "val_loss": values[m][i]}
+                for m, n in ran.items()
+                for i in range(n)
+            ]  # fmt: skip
         )
         (decision,) = gate_all(gate, table, "base", rule)
         go += decision.go
@@ -93,7 +97,9 @@ def _simulate(rounds: SeedRounds, relative_difference: float, seed: int) -> tupl
 @pytest.mark.parametrize("rounds", [SeedRounds(2, 6), SeedRounds(3, 10)], ids=["2-6", "3-10"])
 def test_same_distribution_gets_a_false_go_in_at_most_5_percent(rounds):
     false_go, _, mean_seeds = _simulate(rounds, 0.0, seed=11)
-    print(f"\n{rounds.describe()}: false GO in {false_go:.1%} of {STUDIES} studies, {mean_seeds:.2f} seeds per model")
+    print(
+        f"\n{rounds.describe()}: false GO in {false_go:.1%} of {STUDIES} studies, {mean_seeds:.2f} seeds per model"
+    )
     assert false_go <= 0.05
 
 
