@@ -43,18 +43,24 @@ def tiny_study_dict(**overrides) -> dict:
 def registered_checkpoint_step(run_dir: Path) -> int:
     """The step of the latest checkpoint Ray Train has registered for a run (0 if none yet).
     A reported checkpoint counts for resumption only once the controller has recorded it here."""
-    snapshot = run_dir / "checkpoint_manager_snapshot.json"
-    if not snapshot.exists():
-        return 0
-    latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") or {}
+    latest = _latest_checkpoint(run_dir) or {}
     return latest.get("metrics", {}).get("step", 0)
+
+
+def _latest_checkpoint(run_dir: Path) -> dict | None:
+    """The controller's record of a run's latest checkpoint; None while there is none, or while the
+    controller is rewriting the file (a poll can read it empty)."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    try:
+        return json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def registered_checkpoint_trial(run_dir: Path) -> str | None:
     """The trial key of the latest checkpoint Ray Train has registered for a run (in a pack's run, the
     trials take turns): its DeepSpeed tag, `<trial key>-step<N>`, in the checkpoint's `latest` file."""
-    snapshot = run_dir / "checkpoint_manager_snapshot.json"
-    latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") if snapshot.exists() else None
+    latest = _latest_checkpoint(run_dir)
     if not latest:
         return None
     return (run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip().rpartition("-step")[0]
