@@ -247,6 +247,28 @@ def _print_verdict(report) -> None:
 
 
 @app.command()
+def status(
+    path: Annotated[
+        Path, typer.Argument(help="an output directory (every study in it) or one study directory")
+    ],
+) -> None:
+    """Where a study stands, from its files: each trial's step, loss, speed, ETA and state, the evaluations,
+    and, once it has finished, its comparison table and gate. Works on a study another process is running."""
+    from rayb.report.status import TRIALS_NAME, status_table, study_status
+    from rayb.report.study_report import build_report, read_study_dir
+
+    studies = sorted((path / "studies").glob(f"*/{TRIALS_NAME}"), key=lambda p: p.stat().st_mtime)
+    for study_dir in [p.parent for p in studies] or [path]:
+        try:
+            state = study_status(study_dir)
+        except FileNotFoundError as exc:
+            _fail("path", str(exc))
+        console.print(status_table(state))
+        if state.finished:
+            _print_verdict(build_report(*read_study_dir(study_dir)))
+
+
+@app.command()
 def report(study_dir: Annotated[Path, typer.Argument(help="rayb_out/studies/<name>-<hash>")]) -> None:
     """Rebuild a study's report (markdown, HTML, JSON, plots) from its results table alone."""
     from rayb.report.study_report import build_report, read_study_dir, write_report

@@ -173,6 +173,7 @@ def run_study(
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
+    from rayb.report.status import write_trials
     from rayb.tune.sweep import run_packs
 
     began = time.perf_counter()
@@ -202,6 +203,7 @@ def run_study(
         if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
             errors[trial.key] = error
     wanted = trials if study.seed_rounds is None else adaptive_wanted(study, trials)
+    write_trials(study_dir, wanted)
     pending = [t for t in wanted if not t.done and t.arch != PRETRAINED_ARCH]
     if eval_only and pending:
         names = ", ".join(Path(t.trial_dir).name for t in pending[:3]) + (" ..." if len(pending) > 3 else "")
@@ -232,6 +234,7 @@ def run_study(
                 break
             await_held_out_loss(study, wanted, evaluated)
             wanted = adaptive_wanted(study, trials)
+            write_trials(study_dir, wanted)
         stages.end("training")
     stages.end("evaluation_after_training")
     try:

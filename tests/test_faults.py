@@ -15,6 +15,7 @@ from conftest import registered_checkpoint_trial, restart_points, tiny_study_dic
 from typer.testing import CliRunner
 
 from rayb.cli import app
+from rayb.report.status import study_status
 from rayb.results import read_results
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE
@@ -54,6 +55,10 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
     driver.wait()
     finished = {p: p.stat().st_mtime_ns for p in (out / "trials").rglob("model.safetensors")}
     interrupted = running[0]
+    # `rayb status` reads where the dead driver's study stands from its files alone.
+    (study_dir,) = (out / "studies").iterdir()
+    states = {t.seed: t.state for t in study_status(study_dir).trials}
+    assert sorted(states.values()).count("done") == len(finished) and "running" in states.values()
     time.sleep(5)  # Ray reaps the dead driver's trial actors and workers
 
     result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(out)])
@@ -64,7 +69,6 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
     # The interrupted trial resumed from a checkpoint (steps 8, 16), not from step 1.
     (restart,) = restart_points(interrupted / METRICS)
     assert restart in (9, 17)
-    (study_dir,) = (out / "studies").iterdir()
     table = read_results(study_dir / "results.parquet")
     assert sorted(table.seed) == [0, 1, 2] and (table.status == "ok").all()
 

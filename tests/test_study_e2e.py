@@ -62,6 +62,9 @@ def test_study_writes_results_table_and_report(study_run):
     assert provenance["fingerprint"] == study.fingerprint() and provenance["study"]["name"] == "tiny"
     assert provenance["hardware"]["ray_cluster"]["CPU"] >= 1 and provenance["versions"]["ray"]
     assert "gpt2 (ref)" in result.output  # the comparison table is printed
+    status = CliRunner().invoke(app, ["status", str(out)], env={"COLUMNS": "200"})
+    assert status.exit_code == 0 and "tiny: 4 trials (4 done)" in status.output
+    assert "Gate, mamba vs gpt2: " in status.output  # a finished study's verdict, from its files
 
 
 def test_rerun_trains_nothing(study_run, tmp_path):
