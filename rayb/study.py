@@ -24,6 +24,7 @@ from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, p
 from rayb.files import digest
 from rayb.models.spec import ModelSpec
 from rayb.spec import Spec, added_field
+from rayb.track.spec import TrackingSpec
 from rayb.train.spec import SCHEDULING_FIELDS, TrainSpec
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class Study(Spec):
         default={}, description="per suite family, e.g. {recall: {kv_counts: [4, 8]}, speed: {repeats: 5}}"
     )
     verdict: VerdictSpec = VerdictSpec()
+    tracking: TrackingSpec = added_field(
+        TrackingSpec(), description="experiment trackers that mirror every trial: tensorboard, mlflow, wandb"
+    )
     output_dir: str = Field(
         default="rayb_out",
         description="where outputs go, relative to the directory rayb runs in (or --output)",
@@ -182,6 +186,7 @@ class Study(Spec):
                     problems.append(
                         (f"models.{i}.{'pretrained' if model.pretrained else 'init_from'}", message)
                     )
+        problems += [(f"tracking.{where}", message) for where, message in self.tracking.problems()]
         for i, suite in enumerate(self.eval):
             try:
                 check_suite_argument(suite, self.base_dir)
@@ -248,7 +253,8 @@ class Study(Spec):
         return config, cost, steps
 
     def fingerprint(self) -> str:
-        return digest(self.hashed())
+        # Trackers only mirror results: turning one on keeps the study's directory and finished work.
+        return digest({k: v for k, v in self.hashed().items() if k != "tracking"})
 
     def trial_key(
         self, model: ModelSpec, lr: float, seed: int, data_key: str, weights: str | None = None,
