@@ -30,6 +30,7 @@ from rayb.models.pretrained import Checkpoint, hub_checkpoint
 from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
 from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
+from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 from rayb.tune.packs import pack_trials, trial_slots
@@ -223,7 +224,10 @@ def run_study(
     feed = FinishedTrials(study, trials)
     stages.end("planning")
     trained, groups = 0, 0
-    with evaluating_beside(evaluations, feed) as evaluated:
+    with (
+        tracking(study, trials, study_dir, log) as tracked,
+        evaluating_beside(evaluations, feed) as evaluated,
+    ):
         while packs := _packs(wanted, slots, cores):
             if study.seed_rounds is not None:
                 log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
@@ -241,9 +245,11 @@ def run_study(
         if "failure" in evaluated:
             raise evaluated["failure"]
         outcome = _report(study, wanted, errors, evaluated["errors"], study_dir, provenance)
+        tracked.finish_study(list(outcome.files.values()))
         stages.end("report")
         write_json_atomic(study_dir / TIMINGS, stages.seconds | {"groups_at_once": groups})
     except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
+        tracked.finish_study(None)
         raise _after_training_error(exc, study_dir) from exc
     outcome.evaluated = evaluations.submitted
     outcome.archive_error = _archive(out, study_dir, wanted, archive_uri, log) if archive_uri else None
