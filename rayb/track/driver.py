@@ -97,7 +97,14 @@ class Tracking:
         self._thread = threading.Thread(target=self._serve, name="rayb-tracking", daemon=True)
 
     def start(self) -> None:
-        if self.study.tracking.enabled:
+        # The trackers (and their libraries' imports) are made here, on the caller's thread: a library
+        # imported in a thread while the main thread imports Ray Tune's integrations can meet a
+        # half-imported module (seen with mlflow.tracking).
+        self.trackers = [
+            Guarded(name, getattr(self.study.tracking, name), self.study, self.study_dir, self.log)
+            for name in self.study.tracking.enabled
+        ]
+        if self.trackers:
             self._thread.start()
 
     def stop(self) -> None:
@@ -113,10 +120,6 @@ class Tracking:
             tracker.call("close")
 
     def _serve(self) -> None:
-        self.trackers = [
-            Guarded(name, getattr(self.study.tracking, name), self.study, self.study_dir, self.log)
-            for name in self.study.tracking.enabled
-        ]
         try:
             while not self._stop.wait(self.poll_s):
                 self.poll()
