@@ -136,8 +136,10 @@ class Tracking:
             trial = self.open.get(spec.key) or self._begin(spec)
             if trial is None:
                 continue
-            self._forward(trial)
+            # Read first: a trial writes its last metrics before train_result.json, so once it is settled,
+            # this forward reads its whole log.
             results, ok, settled = trial_results(self.study, spec)
+            self._forward(trial)
             if settled or final:
                 for tracker in trial.trackers:
                     if tracker.call("finish_trial", spec.key, results, ok) and settled:
