@@ -188,6 +188,9 @@ def run(
             "--eval-only", help="evaluate the trained checkpoints with the study's suites; never train"
         ),
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show Ray's own logs here too (else they go to files)")
+    ] = False,
 ) -> None:
     """Run a study end to end on a local Ray, or on the cluster at RAY_ADDRESS."""
     study = _load(study_file)  # before Ray starts: bad input costs nothing
@@ -213,6 +216,7 @@ def run(
             log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False),
             archive_uri=archive,
             eval_only=eval_only,
+            ray_logs=verbose,
         )
     except StudyFailed as exc:  # after training: the results so far are kept
         console.print(f"[red]study failed[/red] {escape(str(exc))}", highlight=False)

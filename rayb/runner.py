@@ -168,9 +168,12 @@ def run_study(
     log=print,
     archive_uri: str | None = None,
     eval_only: bool = False,
+    ray_logs: bool = True,
 ) -> StudyOutcome:
-    """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it.
-    Raises StudyError for a study that cannot run or be judged; whatever finished stays on disk."""
+    """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it;
+    without `ray_logs`, Ray's own output goes to files (RAY_LOG in the study directory, and Ray's session
+    logs) rather than the terminal. Raises StudyError for a study that cannot run or be judged; whatever
+    finished stays on disk."""
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
@@ -183,7 +186,11 @@ def run_study(
     study_dir.mkdir(parents=True, exist_ok=True)
 
     stages = Stages()
-    runtime.init_ray()
+    runtime.init_ray(None if ray_logs else study_dir / RAY_LOG)
+    if not ray_logs:
+        log(
+            f"Ray's own logs: {study_dir / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
+        )
     cores = runtime.compute_cores(study.train.use_gpu)
     stages.end("ray_start")
     log("preparing data (tokenize, pack, mix) ...")
@@ -309,6 +316,7 @@ def _seed_counts(trials: list[TrialSpec]) -> str:
     return ", ".join(f"{model} {len(seeds)}" for model, seeds in counts.items())
 
 
+RAY_LOG = "logs/ray-driver.log"  # Ray's driver-side log records, when they are kept off the terminal
 TIMINGS = "timings.json"  # where this run's wall-clock went, stage by stage (bench/overhead.py reads it)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 # Logical CPUs per real core on a local instance. Train workers, Tune's trial actors, Ray Data read
 # tasks and eval actors each hold a CPU slot while mostly waiting on each other; with one slot per
@@ -11,13 +12,19 @@ import sys
 LOCAL_OVERSUBSCRIBE = 4
 
 
-def init_ray() -> None:
+def init_ray(ray_logs: Path | None = None) -> None:
+    """Connect to (or start) Ray. With `ray_logs`, Ray's own output goes to files instead of the terminal:
+    the driver's log records to that file, the workers' output stays in the Ray session's log directory,
+    and Tune's and Ray Data's progress blocks are off (rayb prints its own progress)."""
     import ray
 
+    if ray_logs is not None:
+        _quiet_driver(ray_logs)
     if ray.is_initialized():
         return
+    quiet = {"log_to_driver": ray_logs is None}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
     ray.init(
@@ -26,7 +33,40 @@ def init_ray() -> None:
         # cleaner polls; without it that cleaner logs a warning every few seconds of every trial.
         include_dashboard=True,
         runtime_env={"env_vars": {"PYTHONPATH": driver_import_path()}},
+        **quiet,
     )
+
+
+def _quiet_driver(log_file: Path) -> None:
+    """Ray's driver-side log records into `log_file` rather than the terminal, and Ray Data's progress
+    bars off. Ray's loggers keep their own files (Ray Data's ray-data.log in the session logs)."""
+    import logging
+
+    from ray.data import DataContext  # importing Ray Data sets up its loggers: reroute them after
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log_file)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ray_loggers = [logging.getLogger("ray")] + [
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("ray.")
+    ]
+    for logger in ray_loggers:
+        for handler in list(logger.handlers):
+            if not isinstance(handler, logging.FileHandler):
+                logger.removeHandler(handler)
+    ray_loggers[0].addHandler(to_file)
+    ray_loggers[0].propagate = False
+    DataContext.get_current().enable_progress_bars = False
+
+
+def session_logs() -> str:
+    """Where this Ray session keeps its processes' logs (on each node of a cluster)."""
+    import ray
+
+    try:  # not public API: fall back to Ray's default location
+        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
+    except AttributeError:
+        return "/tmp/ray/session_latest/logs"
 
 
 def driver_import_path() -> str:

@@ -177,3 +177,31 @@ def test_adaptive_seeds_add_rounds_until_each_comparison_is_decided(study_run, t
     assert "significance: group-sequential Welch t-test, O'Brien–Fleming α-spending" in report
     rerun = CliRunner().invoke(app, ["run", str(adaptive), "--output", str(out)])
     assert rerun.exit_code == 0 and "trained 0 trials" in rerun.output
+
+
+def test_rays_own_output_goes_to_files_unless_asked_for(ray_session, tmp_path):
+    """A driver of its own (as `ray job submit` runs it) on the shared cluster: Ray's driver-side records,
+    Tune's blocks, Ray Data's progress and the workers' output stay off the terminal; rayb says once
+    where they are."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import ray
+
+    raw = tiny_study_dict(name="quiet", models=tiny_study_dict()["models"][:1], seeds=1)
+    (tmp_path / "quiet.yaml").write_text(yaml.safe_dump(raw))
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-m", "rayb.cli", "run", "quiet.yaml", "--output", "out"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    output = run.stdout + run.stderr
+    for noise in ("RayTrainWorker", "Configuration for experiment", "View detailed results", "streaming_executor",
+                  "Trial _trainable"):  # fmt: skip
+        assert noise not in output, noise
+    (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", output)
+    assert os.path.isabs(logs) and os.path.isfile(logs)
+    assert "trained 1 trials" in output

@@ -22,7 +22,20 @@ def _trainable(config: dict) -> None:
 
 def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -> dict[str, str]:
     """Train the packs' unfinished trials; return {trial key: error message} for those that failed."""
+    import os
+
     from ray import tune
+    from ray.tune.progress_reporter import TrialProgressCallback
+
+    class NoProgress(TrialProgressCallback):
+        """rayb reports each trial itself; Tune's progress lines say nothing about rayb's trials."""
+
+        def _print(self, msg: str) -> None:
+            pass
+
+    # Tune's newer output prints an experiment block per sweep whatever its verbosity; the legacy one
+    # prints only through its progress callback, which NoProgress silences.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     tuner = tune.Tuner(
         _trainable,
@@ -33,6 +46,7 @@ def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -
             name=f"sweep-{digest(sorted(t.key for p in packs for t in p.trials))}",
             storage_path=str(storage_path),
             verbose=0,
+            callbacks=[NoProgress()],
         ),
     )
     errors = {}
