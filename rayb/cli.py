@@ -207,17 +207,19 @@ def run(
         except ValueError as exc:
             console.print(f"[red]invalid --output[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(code=2) from None
-    from rayb.runner import run_study
+    from rayb.report.progress import watching
+    from rayb.runner import run_study, study_directory
 
     try:
-        outcome = run_study(
-            study,
-            output,
-            log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False),
-            archive_uri=archive,
-            eval_only=eval_only,
-            ray_logs=verbose,
-        )
+        with watching(study_directory(study, output), console):
+            outcome = run_study(
+                study,
+                output,
+                log=lambda msg: console.print(f"[dim]rayb[/dim] {msg}", highlight=False),
+                archive_uri=archive,
+                eval_only=eval_only,
+                ray_logs=verbose,
+            )
     except StudyFailed as exc:  # after training: the results so far are kept
         console.print(f"[red]study failed[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=1) from None

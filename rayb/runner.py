@@ -162,6 +162,11 @@ def materialise_pretrained(trial: TrialSpec) -> str | None:
     return None
 
 
+def study_directory(study: Study, output: Path | None = None) -> Path:
+    """Where a study's results, report and logs go: named by its hash, under the output directory."""
+    return Path(output or study.output_dir).resolve() / "studies" / f"{study.name}-{study.fingerprint()}"
+
+
 def run_study(
     study: Study,
     output: Path | None = None,
@@ -182,7 +187,7 @@ def run_study(
 
     began = time.perf_counter()
     out = Path(output or study.output_dir).resolve()
-    study_dir = out / "studies" / f"{study.name}-{study.fingerprint()}"
+    study_dir = study_directory(study, output)
     study_dir.mkdir(parents=True, exist_ok=True)
 
     stages = Stages()

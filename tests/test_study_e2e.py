@@ -205,3 +205,40 @@ def test_rays_own_output_goes_to_files_unless_asked_for(ray_session, tmp_path):
     (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", output)
     assert os.path.isabs(logs) and os.path.isfile(logs)
     assert "trained 1 trials" in output
+
+
+def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
+    """`rayb run` in a pseudo-terminal: the live trial table is drawn, and the screen ends with the
+    comparison table and the gate."""
+    import os
+    import pty
+    import re
+    import subprocess
+    import sys
+
+    import ray
+
+    (tmp_path / "live.yaml").write_text(yaml.safe_dump(tiny_study_dict(name="live", seeds=1)))
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, "COLUMNS": "200", "LINES": "50",
+                        "TERM": "xterm-256color"}  # fmt: skip
+    main, terminal = pty.openpty()
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "rayb.cli", "run", "live.yaml", "--output", "out"],
+        cwd=tmp_path, env=env, stdin=terminal, stdout=terminal, stderr=terminal, close_fds=True,
+    )  # fmt: skip
+    os.close(terminal)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal closed: the driver has exited
+            break
+        if not chunk:
+            break
+        screen += chunk
+    assert driver.wait(timeout=600) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+    assert "live: 2 trials (" in text and "2/2" in text  # the live table, redrawn as the trials ran
+    assert re.search(r"gpt2\s+│\s+0\s+│\s+0\.003\s+│\s+\d+/24", text)  # a trial's row with its step
+    tail = text[text.rindex("live: 2 trials") :]
+    assert "gpt2 (ref)" in tail and "Gate, mamba vs gpt2: " in tail  # then the verdict, last
