@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rayb.analysis.spec import GateSpec, MetricRule, parse_threshold
-from rayb.analysis.stats import SignificanceRule, finite_values, seeds_to_detect, welch
+from rayb.analysis.stats import SignificanceRule, finite_values, sample_std, seeds_to_detect, welch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,7 +157,7 @@ def measure(
     return MetricGrade(
         name, rule.column, cand, base, ratio, point if significant or not better else grade_ratio(rule, 1.0),
         better, welch(cand_values, base_values)[1], point, significant, test, (cand_values.size, base_values.size),
-        seeds_to_detect(cand_values, base_values, significance.alpha),
+        seeds_to_detect(cand - base, sample_std(cand_values), sample_std(base_values), significance.alpha),
     )  # fmt: skip
 
 

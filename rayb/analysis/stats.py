@@ -79,7 +79,7 @@ def finite_values(values: Sequence[float]) -> np.ndarray:
     return arr[np.isfinite(arr)]
 
 
-def _sample_std(arr: np.ndarray) -> float:
+def sample_std(arr: np.ndarray) -> float:
     """Sample std with ddof=1; 0.0 for a single value, where spread is not estimable."""
     return float(np.std(arr, ddof=1)) if arr.size > 1 else 0.0
 
@@ -94,7 +94,7 @@ def summarize(values: Sequence[float]) -> Summary:
     if arr.size == 0:
         raise ValueError("summarize() needs at least one finite value")
     mean = float(arr.mean())
-    std = _sample_std(arr)
+    std = sample_std(arr)
     if arr.size == 1:
         return Summary(n=1, mean=mean, std=0.0, ci_low=mean, ci_high=mean)
     half_width = float(sps.t.ppf(0.5 + CI_LEVEL / 2, arr.size - 1)) * std / math.sqrt(arr.size)
@@ -179,12 +179,11 @@ def seeds_needed(
 
 
 def seeds_to_detect(
-    cand: np.ndarray, ref: np.ndarray, alpha: float = 0.05, target_power: float = 0.8
+    difference: float, std_one: float, std_other: float, alpha: float = 0.05, target_power: float = 0.8
 ) -> int | None:
-    """Seeds per model a t-test needs to detect the observed difference at the observed spread (the pooled
-    std of the two models): what `rayb power` answers for it. None when no number of seeds is enough."""
-    std = math.sqrt((_sample_std(cand) ** 2 + _sample_std(ref) ** 2) / 2)
-    return seeds_needed(std, float(cand.mean() - ref.mean()), target_power, alpha)
+    """Seeds per model a t-test needs to detect an observed difference at the two models' observed spread
+    (their pooled std): what `rayb power` answers for it. None when no number of seeds is enough."""
+    return seeds_needed(math.sqrt((std_one**2 + std_other**2) / 2), difference, target_power, alpha)
 
 
 def _sigma_rule(delta: float, std_ref: float, std_cand: float, n_ref: int, n_cand: int) -> tuple[bool, str]:
@@ -220,7 +219,7 @@ class SignificanceRule:
         parts, passed = [], True
         if self.kind == "both" or (self.kind == "2sigma" and self.rounds is None):
             ok, text = _sigma_rule(
-                float(cand.mean() - ref.mean()), _sample_std(ref), _sample_std(cand), ref.size, cand.size
+                float(cand.mean() - ref.mean()), sample_std(ref), sample_std(cand), ref.size, cand.size
             )
             passed, parts = passed and ok, parts + [text]
         if self.kind in ("welch", "both") or self.rounds is not None:

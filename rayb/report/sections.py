@@ -18,7 +18,7 @@ from rayb.analysis.efficiency import Efficiency
 from rayb.analysis.gate import INCONCLUSIVE, UNGRADED, GateDecision, grade_label
 from rayb.analysis.scaling import MIN_SIZES, ScalingFit
 from rayb.analysis.sequential import Round
-from rayb.analysis.stats import Comparison, Summary, finite_values, seeds_needed, summarize
+from rayb.analysis.stats import Comparison, Summary, finite_values, seeds_to_detect, summarize
 from rayb.analysis.verdict import SELECTION_METRIC, ModelRow, Verdict
 
 
@@ -356,7 +356,7 @@ def _seed_warning(verdict: Verdict, comp: Comparison) -> str | None:
     ref, cand = rows[comp.reference].summaries[comp.metric], rows[comp.candidate].summaries[comp.metric]
     if min(ref.n, cand.n) < 2:
         return None
-    needed = seeds_needed(math.sqrt((ref.std**2 + cand.std**2) / 2), comp.delta)
+    needed = seeds_to_detect(comp.delta, ref.std, cand.std)
     if needed is not None and min(ref.n, cand.n) >= needed:
         return None
     return (
