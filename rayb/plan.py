@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 from rayb.study import Study
-from rayb.tune.packs import group_of, split_groups, trial_slots
+from rayb.tune.packs import Capacity, group_of, split_groups, trial_slots
 
 # Dense bf16 peak throughput per GPU (FLOP/s), from the vendors' datasheets.
 PEAK_FLOPS = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "a10g": 125e12, "l4": 121e12}
@@ -61,7 +61,7 @@ class StudyPlan:
         """How the trials run on a cluster of `gpus` GPUs: packed into worker groups as `rayb run` packs
         them (a user's model in groups of its own; split only to fill idle slots), and how many groups
         train at once."""
-        slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), gpus)
+        slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), Capacity.of_gpus(gpus))
         groups: dict[str, list[str]] = {}
         for m in self.models:
             if m.steps:

@@ -33,7 +33,7 @@ from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
-from rayb.tune.packs import pack_trials, trial_slots
+from rayb.tune.packs import pack_trials, trial_slots, unfittable
 
 
 @dataclass
@@ -196,7 +196,9 @@ def run_study(
         log(
             f"Ray's own logs: {study_dir / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
         )
-    cores = runtime.compute_cores(study.train.use_gpu)
+    cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
+    if study.trained_models and not eval_only and (why := unfittable(study.train, capacity)):
+        raise StudyError(f"train: {why}")
     stages.end("ray_start")
     log("preparing data (tokenize, pack, mix) ...")
     cache = prepare_data(study.data, out / "cache")
@@ -226,7 +228,7 @@ def run_study(
         )
     if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
         check_kernels(sorted({t.arch for t in pending}))
-    slots = trial_slots(study.train, runtime.device_capacity(study.train.use_gpu))
+    slots = trial_slots(study.train, capacity)
     log(
         f"{len(wanted)} trials, {len(wanted) - len(pending)} already trained; training {len(pending)}"
         + (" in rounds of seeds" if study.seed_rounds else "")

@@ -6,10 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-# Logical CPUs per real core on a local instance. Train workers, Tune's trial actors, Ray Data read
-# tasks and eval actors each hold a CPU slot while mostly waiting on each other; with one slot per
-# core they deadlock on a small machine ("resources are not enough ... may hang forever").
-LOCAL_OVERSUBSCRIBE = 4
+from rayb.tune.packs import Capacity
 
 
 def init_ray(ray_logs: Path | None = None) -> None:
@@ -28,7 +25,9 @@ def init_ray(ray_logs: Path | None = None) -> None:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
     ray.init(
-        num_cpus=LOCAL_OVERSUBSCRIBE * (os.cpu_count() or 1),
+        # The machine's real cores: a trial holds only its workers' CPUs (its Tune actor and Train
+        # controller hold none), so nothing needs more slots than there are cores.
+        num_cpus=os.cpu_count() or 1,
         # The dashboard (on 127.0.0.1 only) also serves the State API that Ray Train's placement-group
         # cleaner polls; without it that cleaner logs a warning every few seconds of every trial.
         include_dashboard=True,
@@ -78,33 +77,34 @@ def driver_import_path() -> str:
 
 
 def compute_cores(use_gpu: bool) -> int:
-    """Real devices to share among trials: GPUs, or CPU cores (not the oversubscribed slots)."""
+    """Devices to share among trials and evaluations: the cluster's GPUs, or its CPU cores."""
     import ray
 
     resources = ray.cluster_resources()
-    if use_gpu:
-        return int(resources.get("GPU", 0))
-    cpus = int(resources.get("CPU", 1))
-    return cpus // LOCAL_OVERSUBSCRIBE if not os.environ.get("RAY_ADDRESS") else cpus
+    return int(resources.get("GPU", 0)) if use_gpu else max(1, int(resources.get("CPU", 1)))
 
 
-def device_capacity(use_gpu: bool) -> int:
-    """Devices trials may spread over: those present, or on a cluster whose autoscaler may add nodes, the
-    most its node types allow (a cluster that scales up from zero GPUs still runs its trials at once)."""
-    present = compute_cores(use_gpu)
-    if not os.environ.get("RAY_ADDRESS"):
-        return present
-    try:  # the autoscaler's published cluster config: node types × max_workers (absent on a fixed cluster)
+def capacity() -> Capacity:
+    """Each live node's CPUs and GPUs, and what the cluster's autoscaler may add."""
+    import ray
+
+    nodes = tuple(
+        {name: amount for name, amount in node["Resources"].items() if name in ("CPU", "GPU")}
+        for node in ray.nodes()
+        if node.get("Alive")
+    )  # fmt: skip
+    return Capacity(nodes, autoscaler_limits())
+
+
+def autoscaler_limits() -> dict[str, float] | None:
+    """The cluster's resources with every node type at its max_workers, from the autoscaler's published
+    config; None on a cluster that cannot scale (a local instance, `ray start` nodes)."""
+    try:
         from ray._private.state import state
 
-        limits = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001  (a private API: without it, the devices present are the answer)
-        limits = {}
-    return max(present, min(int(limits.get("GPU" if use_gpu else "CPU", 0)), MAX_AUTOSCALED_DEVICES))
-
-
-# An autoscaler with no upper bound reports sys.maxsize; trials beyond this many at once are not useful.
-MAX_AUTOSCALED_DEVICES = 4096
+        return state.get_max_resources_from_cluster_config() or None
+    except Exception:  # noqa: BLE001  (a private API: without it, the cluster is taken as fixed)
+        return None
 
 
 def cluster_summary() -> dict[str, float | int]:

@@ -8,7 +8,7 @@ from conftest import tiny_study_dict
 from rayb.study import StudyError, parse_study
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
-from rayb.tune.packs import pack_trials, split_groups, trial_slots
+from rayb.tune.packs import Capacity, groups_fitting, pack_trials, split_groups, trial_slots, unfittable
 
 
 def _trials(models=("gpt2", "mamba"), lrs=(3e-3,), seeds=(0, 1, 2), **train) -> list[TrialSpec]:
@@ -61,13 +61,39 @@ def test_a_packs_run_name_is_stable_and_a_single_trial_keeps_its_own():
 
 
 def test_slots_come_from_devices_and_gpu_shares():
-    assert trial_slots(TrainSpec(), devices=2) == 2
-    assert trial_slots(TrainSpec(num_workers=2, global_batch=32), devices=5) == 2
-    assert trial_slots(TrainSpec(use_gpu=True), devices=8) == 8
-    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.25), devices=8) == 32
-    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.3), devices=1) == 3
-    assert trial_slots(TrainSpec(use_gpu=True, num_workers=8, global_batch=64), devices=4) == 1
-    assert trial_slots(TrainSpec(max_concurrent_trials=3), devices=64) == 3
+    gpus = Capacity.of_gpus
+    assert trial_slots(TrainSpec(use_gpu=True), gpus(8)) == 8
+    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.25), gpus(8)) == 32
+    assert trial_slots(TrainSpec(use_gpu=True, gpus_per_trial=0.3), gpus(1)) == 3
+    assert trial_slots(TrainSpec(use_gpu=True, num_workers=8, global_batch=64), gpus(4)) == 1
+    assert trial_slots(TrainSpec(max_concurrent_trials=3), gpus(64)) == 3
+
+
+def test_slots_count_each_trials_real_resources_node_by_node():
+    two_cores, four_cores = Capacity(({"CPU": 2.0},)), Capacity(({"CPU": 4.0},))
+    assert trial_slots(TrainSpec(), two_cores) == 2  # a trial holds its worker's CPU, nothing more
+    assert trial_slots(TrainSpec(), four_cores) == 4
+    assert trial_slots(TrainSpec(num_workers=2, global_batch=32), Capacity(({"CPU": 5.0},))) == 2
+    # A group of up to 8 workers stays on one node: two 3-CPU nodes hold no 4-worker group ...
+    four_workers = TrainSpec(num_workers=4, global_batch=32)
+    assert groups_fitting(four_workers, [{"CPU": 3.0}, {"CPU": 3.0}]) == 0
+    assert groups_fitting(four_workers, [{"CPU": 3.0}, {"CPU": 9.0}]) == 2
+    # ... and GPUs limit a GPU study where CPUs do not: 8 GPUs and 96 CPUs per node hold 8 groups each.
+    gpu_nodes = Capacity(({"CPU": 96.0, "GPU": 8.0}, {"CPU": 96.0, "GPU": 8.0}, {"CPU": 8.0}))
+    assert trial_slots(TrainSpec(use_gpu=True), gpu_nodes) == 16
+    # A cluster that scales up from no GPUs still plans its trials side by side.
+    scaling = Capacity(({"CPU": 4.0},), autoscaled={"CPU": 4.0 + 4 * 96, "GPU": 32.0})
+    assert trial_slots(TrainSpec(use_gpu=True), scaling) == 32
+
+
+def test_a_cluster_that_can_never_fit_a_trial_is_named_with_what_is_missing():
+    four_workers = TrainSpec(num_workers=4, global_batch=32)
+    why = unfittable(four_workers, Capacity(({"CPU": 2.0},)))
+    assert "needs 4 CPU on one node" in why and "have 2 CPU" in why and "train.num_workers" in why
+    assert unfittable(four_workers, Capacity(({"CPU": 4.0},))) is None
+    assert unfittable(four_workers, Capacity(({"CPU": 2.0},), autoscaled={"CPU": 64.0})) is None
+    why = unfittable(TrainSpec(use_gpu=True), Capacity(({"CPU": 8.0},)))
+    assert "1 GPU" in why and "0 GPU" in why
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,16 @@ from typing import Any
 from rayb.models.kernels import KernelPath
 from rayb.train.loop import train_loop_per_worker
 from rayb.train.trial import TrialPack
+from rayb.tune.packs import ONE_NODE_WORKERS, worker_resources
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
 # Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end of
 # a run wait for the next poll: seconds per trial, more than a small model's checkpoint costs. Ray Train
 # passes the setting on from the process that builds the trainer to its controller and workers.
 HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-ONE_NODE_WORKERS = 8  # a worker group this size or smaller is placed on one node (one 8-GPU machine)
+# Worker groups that fail to start (the cluster is busy, or a node is gone) are retried this often when
+# no autoscaler can add nodes; Ray Train's default retries forever, and a study then hangs.
+GROUP_START_RETRIES = 3
 
 
 def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loop_per_worker) -> None:
@@ -25,9 +28,10 @@ def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loo
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from rayb.runtime import autoscaler_limits
+
     os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # a user's own setting wins
     t = pack.train
-    resources = {"CPU": 1} | ({"GPU": t.gpus_per_worker} if t.use_gpu else {})
     trainer = TorchTrainer(
         loop,
         # When the driver asked for the group: the loop reports how long the group took to start.
@@ -36,7 +40,7 @@ def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loo
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
-            resources_per_worker=resources,
+            resources_per_worker=worker_resources(t),
             # NCCL within a node runs over NVLink; across nodes, over the network.
             placement_strategy="STRICT_PACK" if t.num_workers <= ONE_NODE_WORKERS else "PACK",
         ),  # fmt: skip
@@ -44,7 +48,10 @@ def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loo
             name=pack.run_name,
             storage_path=pack.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
+            failure_config=FailureConfig(
+                max_failures=MAX_WORKER_FAILURES,
+                controller_failure_limit=-1 if autoscaler_limits() else GROUP_START_RETRIES,
+            ),
         ),
     )
     trainer.fit()

@@ -16,6 +16,8 @@ mid-trial resumes that trial from its checkpoint.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from typing import TypeVar
 
 from rayb.models.registry import is_import_path
@@ -32,13 +34,72 @@ def group_of(model: str, arch: str, train: TrainSpec) -> str:
     return json.dumps([train.num_workers, train.use_gpu, train.gpus_per_trial, own])
 
 
-def trial_slots(train: TrainSpec, devices: float) -> int:
-    """Worker groups that can train at once on `devices` GPUs (or CPU cores): the study's
-    max_concurrent_trials, else as many as the devices hold (four 0.25-GPU trials to a GPU)."""
+ONE_NODE_WORKERS = 8  # a worker group this size or smaller is placed on one node (one 8-GPU machine)
+# An autoscaler with no upper bound reports sys.maxsize; worker groups beyond this many at once are not useful.
+MAX_AUTOSCALED_GROUPS = 4096
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What trials may use: each live node's resources, and the most an autoscaler may bring up."""
+
+    nodes: tuple[dict[str, float], ...]
+    autoscaled: dict[str, float] | None = None  # the cluster's totals at its node types' max_workers; None: fixed
+
+    @classmethod
+    def of_gpus(cls, gpus: float) -> Capacity:
+        """A cluster described only by its GPUs (`rayb plan`): CPUs are not what limits it."""
+        return cls(({"GPU": gpus, "CPU": math.inf},))
+
+
+def worker_resources(train: TrainSpec) -> dict[str, float]:
+    """What one Train worker holds: a CPU, and its GPU share. The Tune actor that drives a trial and Ray
+    Train's controller hold nothing (rayb asks them for no CPU), so a trial takes exactly its workers'."""
+    return {"CPU": 1.0} | ({"GPU": train.gpus_per_worker} if train.use_gpu else {})
+
+
+def _workers_on(node: dict[str, float], train: TrainSpec) -> int:
+    return int(min(node.get(name, 0.0) / amount + 1e-9 for name, amount in worker_resources(train).items()))
+
+
+def groups_fitting(train: TrainSpec, nodes: tuple[dict[str, float], ...] | list[dict[str, float]]) -> int:
+    """Worker groups that fit on `nodes` at once: a group of up to ONE_NODE_WORKERS on a single node
+    (STRICT_PACK), a larger one on any nodes."""
+    workers = [_workers_on(node, train) for node in nodes]
+    if train.num_workers <= ONE_NODE_WORKERS:
+        return sum(w // train.num_workers for w in workers)
+    return sum(workers) // train.num_workers
+
+
+def trial_slots(train: TrainSpec, capacity: Capacity) -> int:
+    """Worker groups that can train at once: the study's max_concurrent_trials, else as many as the
+    nodes hold, or as an autoscaler's largest cluster holds (a cluster that scales up from zero GPUs
+    still runs its trials side by side)."""
     if train.max_concurrent_trials:
         return train.max_concurrent_trials
-    per_group = train.num_workers * (train.gpus_per_worker if train.use_gpu else 1)
-    return max(1, int(devices // per_group + 1e-9))
+    later = groups_fitting(train, [capacity.autoscaled]) if capacity.autoscaled else 0
+    return max(1, groups_fitting(train, capacity.nodes), min(later, MAX_AUTOSCALED_GROUPS))
+
+
+def unfittable(train: TrainSpec, capacity: Capacity) -> str | None:
+    """Why no trial can ever start on this cluster (None when one can, now or once it has scaled up)."""
+    if groups_fitting(train, capacity.nodes) or (
+        capacity.autoscaled and groups_fitting(train, [capacity.autoscaled])
+    ):
+        return None
+    per_worker = worker_resources(train)
+    need = ", ".join(f"{amount * train.num_workers:g} {name}" for name, amount in per_worker.items())
+    where = "on one node" if train.num_workers <= ONE_NODE_WORKERS else "in all"
+    have = "; ".join(
+        ", ".join(f"{node.get(name, 0):g} {name}" for name in per_worker) for node in capacity.nodes
+    )  # fmt: skip
+    return (
+        f"a trial needs {need} {where} (train.num_workers: {train.num_workers}, each worker 1 CPU"
+        + (f" and {per_worker['GPU']:g} GPU" if "GPU" in per_worker else "")
+        + f"), but the cluster's nodes have {have or 'nothing'} and it has no autoscaler that could add more. "
+        "Lower train.num_workers, or start Ray with more resources (ray start --num-cpus/--num-gpus, or a "
+        "bigger node)"
+    )
 
 
 def split_groups(groups: list[list[T]], slots: int) -> list[list[T]]:

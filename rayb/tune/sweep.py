@@ -14,6 +14,13 @@ from rayb.train.trainer import fit_pack
 from rayb.train.trial import TrialPack
 
 
+# A trial's Tune actor only waits on its TorchTrainer: it holds no CPU, so a trial takes exactly its
+# workers' resources and the slots computed from them (packs.trial_slots) are all usable. Tune refuses
+# an actor that asks for nothing at all; what it does use is memory, about this much (a Python process
+# with Ray, torch and rayb imported).
+DRIVER_RESOURCES = {"CPU": 0, "memory": 512 * 2**20}
+
+
 def _trainable(config: dict) -> None:
     # No metrics are reported to Tune: each trial writes its own (and Tune's handling of every report
     # cost seconds per pack).
@@ -38,7 +45,7 @@ def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     tuner = tune.Tuner(
-        _trainable,
+        tune.with_resources(_trainable, DRIVER_RESOURCES),
         param_space={"pack": tune.grid_search([p.to_dict() for p in packs])},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
