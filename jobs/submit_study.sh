@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Submit a rayb study to a running Ray cluster as a Ray job; stream its logs; exit 0 only if it succeeded.
 #
-#   RAY_ADDRESS=http://127.0.0.1:8265 jobs/submit_study.sh STUDY.yaml OUTPUT_DIR [ARCHIVE_URI] [--eval-only]
+#   RAY_ADDRESS=http://127.0.0.1:8265 jobs/submit_study.sh STUDY.yaml OUTPUT [ARCHIVE_URI] [--eval-only]
 #
-# OUTPUT_DIR must be storage every node of the cluster shares (an NFS/EFS/Filestore mount such as
-# /mnt/rayb/out). ARCHIVE_URI (s3://bucket/prefix, gs://bucket/prefix, any pyarrow URI) also gets a copy
-# of the study's results and its trials' models and evaluations, so they outlive the cluster and its
-# file system. A sweep is a study with several learning rates (train.lr: [...]); the same script runs it.
+# OUTPUT is where everything the study writes goes, passed through as `rayb run --output`: an object-storage
+# URI such as s3://bucket/prefix or gs://bucket/prefix (any pyarrow/fsspec URI), which every node reads and
+# writes with its own credentials (instance role, service account, or the environment; never the study
+# file), or a directory every node of the cluster shares (an NFS/EFS/Filestore mount such as /mnt/rayb/out).
+# ARCHIVE_URI (s3://..., gs://..., any pyarrow URI) also gets a copy of the study's results and its trials'
+# models and evaluations, for a shared-directory OUTPUT; it is not needed when OUTPUT is already on object
+# storage. (Only the arguments after the first two are read as ARCHIVE_URI or --eval-only.) A sweep is a
+# study with several learning rates (train.lr: [...]); the same script runs it.
 # --eval-only evaluates the checkpoints the study already trained with its (new) eval suites and refuses
 # to train anything (jobs/submit_eval.sh).
 # Submitting the same study again after a failure resumes it: finished trials are kept, unfinished ones
 # continue from their last checkpoint. Ctrl-C stops following the logs, not the job (`ray job stop ID`).
 set -euo pipefail
-usage="usage: jobs/submit_study.sh STUDY.yaml OUTPUT_DIR [ARCHIVE_URI] [--eval-only]"
+usage="usage: jobs/submit_study.sh STUDY.yaml OUTPUT [ARCHIVE_URI] [--eval-only]  (OUTPUT: s3://bucket/prefix, gs://..., or a shared directory)"
 study=${1:?$usage}
 output=${2:?$usage}
 shift 2

@@ -2,16 +2,21 @@
 
 Fast and offline: nothing here starts Ray or calls a cloud. The launcher configs go through Ray's own
 schema and through the same local preparation `ray up` does before it touches a cloud; the Kubernetes
-manifests are checked field by field against what KubeRay and rayb need.
+manifests are checked field by field against what KubeRay and rayb need. Study outputs go to object
+storage by default (s3:// or gs://, reached with each node's own identity, never with keys written down);
+the shared file system at /mnt/rayb stays available as the documented alternative, off by default.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import ipaddress
 import json
+import os
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,9 @@ CLUSTER = REPO / "cluster"
 LAUNCHER_CONFIGS = ["aws.yaml", "gcp.yaml"]
 KUBERAY = CLUSTER / "kuberay"
 RAY_PORTS = (8265, 6379, 10001)  # dashboard + job API, GCS, Ray client server
-SHARED = "/mnt/rayb"  # where every node sees the shared storage that study outputs go to
+SHARED = "/mnt/rayb"  # where every node sees the shared file system, in the alternative to object storage
+OBJECT_STORES = {"aws": "s3", "gcp": "gs"}  # the default output's scheme on each launcher provider
+STORAGE_SECRET = "rayb-storage"  # the Kubernetes Secret the pods read object-storage credentials from
 GPUS_PER_NODE = 8
 A100X8_INSTANCE_TYPES = {"p4d.24xlarge", "p4de.24xlarge"}
 
@@ -173,16 +180,108 @@ def test_images_run_the_ray_that_rayb_pins(name):
         assert_pinned_ray_image(image, gpu=bool(node_gpus(spec)), where=node_type)
 
 
+def usage_outputs(text: str) -> list[str]:
+    """The --output of every `rayb run` that a file's comments show."""
+    return re.findall(r"rayb run \S+ --output (\S+)", text)
+
+
 @pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
-def test_every_node_mounts_the_shared_storage_for_outputs(name):
+def test_the_shown_study_writes_to_object_storage(name):
+    provider = load_launcher(name)["provider"]["type"]
+    outputs = usage_outputs((CLUSTER / name).read_text())
+    assert outputs, f"{name} shows no `rayb run ... --output`"
+    assert all(o.startswith(f"{OBJECT_STORES[provider]}://") for o in outputs), outputs
+
+
+def ray_gcp_head_roles() -> list[str]:
+    """The project roles `ray up` grants the GCP head's default service account, read from Ray's source
+    (importing it needs Google's client libraries, which `ray up` on GCP needs anyway but tests do not)."""
+    source = Path(ray.__file__).parent / "autoscaler" / "_private" / "gcp" / "config.py"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+            "DEFAULT_SERVICE_ACCOUNT_ROLES"
+        ]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{source} no longer defines DEFAULT_SERVICE_ACCOUNT_ROLES")
+
+
+AWS_PROFILE_ARN = re.compile(r"arn:aws:iam::(\d{12}|ACCOUNT-REPLACE-ME):instance-profile/[\w+=,.@-]+")
+# Scopes under which a GCE VM's service account may write Cloud Storage objects.
+GCS_WRITE_SCOPES = {
+    "https://www.googleapis.com/auth/cloud-platform",
+    "https://www.googleapis.com/auth/devstorage.read_write",
+    "https://www.googleapis.com/auth/devstorage.full_control",
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_every_node_reaches_object_storage_through_its_own_identity(name):
+    """Trials write from the node that trains them, so every node, not only the head, needs the bucket."""
     config = prepared(name)
+    head_type = config["head_node_type"]
+    for node_type, spec in config["available_node_types"].items():
+        node = spec["node_config"]
+        if config["provider"]["type"] == "aws":
+            arn = node.get("IamInstanceProfile", {}).get("Arn", "")
+            assert AWS_PROFILE_ARN.fullmatch(arn), f"{node_type}: no instance profile ({arn!r})"
+        elif node_type == head_type and "serviceAccounts" not in node:
+            # `ray up` gives the head its own service account, with Storage Object Admin on the project
+            # (and the cloud-platform scope): enough for the driver's reads and writes.
+            assert "roles/storage.objectAdmin" in ray_gcp_head_roles()
+        else:
+            (account,) = node["serviceAccounts"]
+            assert account["email"].endswith(".iam.gserviceaccount.com"), node_type
+            assert GCS_WRITE_SCOPES & set(account["scopes"]), f"{node_type} may not write to Cloud Storage"
+    if config["provider"]["type"] == "aws":
+        # The head launches the workers, so it holds EC2 rights the workers must not get: its own profile.
+        profiles = {k: v["node_config"]["IamInstanceProfile"]["Arn"] for k, v in worker_types(config).items()}
+        assert config["available_node_types"][head_type]["node_config"]["IamInstanceProfile"]["Arn"] not in (
+            profiles.values()
+        )
+
+
+def run_with_fake_sudo(command: str, tmp_path: Path) -> list[str]:
+    """Run a node's initialization command with `sudo` recorded instead of run (and /mnt/rayb not yet a
+    mount point); what it asked sudo for."""
+    fake = tmp_path / "bin"
+    fake.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "sudo.log"
+    for tool, script in {"sudo": f'echo "$*" >> {log}', "mountpoint": "exit 1"}.items():
+        (fake / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (fake / tool).chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", command], env=os.environ | {"PATH": f"{fake}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_shared_mount_alternative_is_off_by_default_and_mounts_every_node_when_set(name, tmp_path):
+    config = prepared(name)
+    provider = config["provider"]["type"]
+    variable, share = {"aws": ("EFS_ID", "fs-0123456789abcdef0"), "gcp": ("FILESTORE", "10.0.0.2:/rayb")}[
+        provider
+    ]
     for node_type in config["available_node_types"]:
+        # Every container still sees /mnt/rayb, so that setting the variable is all the alternative needs.
         _, options = docker_settings(config, node_type)
         assert f"-v {SHARED}:{SHARED}" in options, f"{node_type}'s container does not see {SHARED}"
         mounts = [c for c in init_commands(config, node_type) if re.search(rf"\bmount\b.*\s{SHARED}\b", c)]
-        assert mounts, f"{node_type} never mounts shared storage at {SHARED}"
-        if config["provider"]["type"] == "aws":
-            assert all(f".efs.{config['provider']['region']}.amazonaws.com" in c for c in mounts)
+        assert len(mounts) == 1, f"{node_type} has no shared-mount command for {SHARED}"
+        (mount,) = mounts
+        assert f"{variable}=;" in mount, f"{node_type}: the shared mount is not off by default"
+        assert run_with_fake_sudo(mount, tmp_path / node_type / "off") == [], f"{node_type} mounts by default"
+        calls = run_with_fake_sudo(
+            mount.replace(f"{variable}=;", f"{variable}={share};"), tmp_path / node_type
+        )
+        (mounted,) = [c for c in calls if c.startswith("mount ")]
+        assert mounted.endswith(f" {SHARED}"), mounted
+        if provider == "aws":
+            assert f"{share}.efs.{config['provider']['region']}.amazonaws.com:/" in mounted
+        else:
+            assert share in mounted
 
 
 def ingress_rules(node: Any) -> Iterator[dict[str, Any]]:
@@ -240,11 +339,57 @@ def test_ray_ports_stay_private(name):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Credentials: none written down anywhere under cluster/
+
+
+CREDENTIAL_PATTERNS = {
+    "an AWS access key id": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "an AWS secret key": re.compile(
+        r"(?i)aws_secret_access_key[\"']?\s*[:=]\s*[\"']?(?!\$)[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])"
+    ),
+    "a private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"\s*:"),
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    "a password in a URL": re.compile(r"://[^/\s:@$]+:[^/\s@$]+@"),
+}
+
+
+def literal_credentials(text: str) -> list[str]:
+    return [what for what, pattern in CREDENTIAL_PATTERNS.items() if pattern.search(text)]
+
+
+def test_credential_detector_recognises_literal_keys():
+    key_id, secret = "AKIA" + "Q" * 16, "a1B2c3D4+e" * 4  # built here so that no scanner flags this file
+    assert literal_credentials(f"IamInstanceProfile: {key_id}") == ["an AWS access key id"]
+    assert literal_credentials(f"aws_secret_access_key = {secret}") == ["an AWS secret key"]
+    assert literal_credentials(f"export AWS_SECRET_ACCESS_KEY={secret};") == ["an AWS secret key"]
+    assert literal_credentials(f"--output s3://{key_id[:4]}user:{secret}@bucket/x") == ["a password in a URL"]
+    assert literal_credentials('--from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY"') == []
+    assert literal_credentials("--output s3://my-bucket/rayb") == []
+
+
+CLUSTER_FILES = sorted(p.relative_to(REPO).as_posix() for p in CLUSTER.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("path", [*CLUSTER_FILES, "docs/clusters.md", "jobs/submit_study.sh"])
+def test_no_literal_credentials(path):
+    assert not literal_credentials((REPO / path).read_text()), path
+
+
+# ---------------------------------------------------------------------------------------------------------
 # KubeRay (cluster/kuberay/raycluster.yaml, cluster/kuberay/rayjob.yaml)
 
 
-def k8s_docs(name: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all((KUBERAY / name).read_text()) if doc is not None]
+def k8s_docs(name: str, text: str | None = None) -> list[dict[str, Any]]:
+    text = (KUBERAY / name).read_text() if text is None else text
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def uncommented(name: str, pattern: str) -> str:
+    """A manifest with the commented-out lines of an alternative (their text matches `pattern`) switched
+    on, as docs/clusters.md tells the reader to do."""
+    text, count = re.subn(rf"^(\s*)# ({pattern}.*)$", r"\1\2", (KUBERAY / name).read_text(), flags=re.M)
+    assert count, f"{name} has no commented-out lines matching {pattern!r}"
+    return text
 
 
 def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -252,11 +397,15 @@ def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return doc
 
 
+def cluster_spec(name: str, text: str | None = None) -> dict[str, Any]:
+    docs = k8s_docs(name, text)
+    if name == "rayjob.yaml":
+        return only(docs, "RayJob")["spec"]["rayClusterSpec"]
+    return only(docs, "RayCluster")["spec"]
+
+
 def cluster_specs() -> dict[str, dict[str, Any]]:
-    return {
-        "raycluster.yaml": only(k8s_docs("raycluster.yaml"), "RayCluster")["spec"],
-        "rayjob.yaml": only(k8s_docs("rayjob.yaml"), "RayJob")["spec"]["rayClusterSpec"],
-    }
+    return {name: cluster_spec(name) for name in ("raycluster.yaml", "rayjob.yaml")}
 
 
 def pod_templates(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -287,29 +436,66 @@ SPECS = ["raycluster.yaml", "rayjob.yaml"]
 
 
 def test_manifests_parse_with_the_right_kinds():
-    expected = {"raycluster.yaml": "RayCluster", "rayjob.yaml": "RayJob"}
-    for name, kind in expected.items():
-        docs = k8s_docs(name)
-        assert [(d["apiVersion"], d["kind"]) for d in docs] == [
-            ("v1", "PersistentVolumeClaim"),
-            ("ray.io/v1", kind),
-        ], name
-    # Both files carry the same claim, so either can be applied alone and both together.
-    assert k8s_docs("raycluster.yaml")[0] == k8s_docs("rayjob.yaml")[0]
+    expected = {
+        "raycluster.yaml": [("ray.io/v1", "RayCluster")],
+        "rayjob.yaml": [("ray.io/v1", "RayJob")],
+        # The shared-volume alternative, applied only by those who choose it: no claim (and no 1 TiB
+        # network file system behind it) comes with the default manifests.
+        "shared-volume.yaml": [("v1", "PersistentVolumeClaim")],
+    }
+    assert sorted(p.name for p in KUBERAY.glob("*.yaml")) == sorted(expected)
+    for name, kinds in expected.items():
+        assert [(d["apiVersion"], d["kind"]) for d in k8s_docs(name)] == kinds, name
+
+
+def shared_claims(template: dict[str, Any]) -> dict[str, str]:
+    """mount path → claim name of every PersistentVolumeClaim that a pod's Ray container mounts."""
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in template["spec"].get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    return {
+        m["mountPath"]: claims[m["name"]]
+        for m in ray_container(template).get("volumeMounts", [])
+        if m["name"] in claims
+    }
 
 
 @pytest.mark.parametrize("name", SPECS)
-def test_shared_volume_is_read_write_many_and_mounted_by_every_pod(name):
-    claim = k8s_docs(name)[0]
-    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+def test_pods_mount_no_shared_volume_by_default(name):
     for group, template in pod_templates(cluster_specs()[name]).items():
-        claims = {
-            v["name"]: v["persistentVolumeClaim"]["claimName"]
-            for v in template["spec"].get("volumes", [])
-            if "persistentVolumeClaim" in v
-        }
-        mounts = {m["mountPath"]: m["name"] for m in ray_container(template).get("volumeMounts", [])}
-        assert claims.get(mounts.get(SHARED)) == claim["metadata"]["name"], f"{group} lacks {SHARED}"
+        assert shared_claims(template) == {}, f"{group} mounts a volume the default does not create"
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_shared_volume_alternative_is_read_write_many_and_mounted_by_every_pod(name):
+    (claim,) = k8s_docs("shared-volume.yaml")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    spec = cluster_spec(name, uncommented(name, r"- \{name: shared, "))
+    for group, template in pod_templates(spec).items():
+        assert shared_claims(template) == {SHARED: claim["metadata"]["name"]}, f"{group} lacks {SHARED}"
+
+
+CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL", re.I)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_pods_take_storage_credentials_from_a_secret_or_their_service_account(name):
+    assert not [d for d in k8s_docs(name) if d["kind"] == "Secret"], "keys belong in a Secret made apart"
+    for group, template in pod_templates(cluster_specs()[name]).items():
+        container = ray_container(template)
+        # Every pod, not only the head: trials write from the pod that trains them.
+        refs = [e["secretRef"] for e in container.get("envFrom", []) if "secretRef" in e]
+        assert refs == [{"name": STORAGE_SECRET, "optional": True}], group  # optional: workload identity
+        literal = [
+            e["name"] for e in container.get("env", []) if CREDENTIAL_NAME.search(e["name"]) and "value" in e
+        ]
+        assert not literal, f"{group}: {literal} written into the manifest; use the Secret"
+    # The workload-identity alternative: one Kubernetes service account for every pod.
+    spec = cluster_spec(name, uncommented(name, r"serviceAccountName: "))
+    accounts = {group: t["spec"].get("serviceAccountName") for group, t in pod_templates(spec).items()}
+    assert len(set(accounts.values())) == 1 and None not in accounts.values(), accounts
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -386,14 +572,15 @@ def entrypoint_args() -> list[str]:
     return shlex.split(only(k8s_docs("rayjob.yaml"), "RayJob")["spec"]["entrypoint"])
 
 
-def test_rayjob_runs_a_study_onto_the_shared_volume_and_cleans_up():
+def test_rayjob_runs_a_study_onto_object_storage_and_cleans_up():
     job = only(k8s_docs("rayjob.yaml"), "RayJob")["spec"]
     args = entrypoint_args()
     assert args[:2] == ["rayb", "run"]
     output = args[args.index("--output") + 1]
-    assert output == SHARED or output.startswith(SHARED + "/"), (
-        f"--output {output} is not on the shared volume"
+    assert re.fullmatch(r"(s3|gs)://[a-z0-9][a-z0-9.-]+[a-z0-9](/[^@\s]*)?", output), (
+        f"--output {output} is not an s3:// or gs:// URI (without credentials in it)"
     )
+    assert "--archive" not in args  # the outputs are on object storage already
     assert job["shutdownAfterJobFinishes"] is True
     assert isinstance(job["ttlSecondsAfterFinished"], int) and job["ttlSecondsAfterFinished"] > 0
     # The study file is resolved inside the working_dir, a snapshot of this repository.
@@ -410,3 +597,28 @@ def test_study_files_named_by_entrypoints_and_docs_exist_and_validate():
     for path in sorted(named):
         assert (REPO / path).is_file(), f"{path} is named but does not exist"
         load_study(REPO / path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ([], []),
+        (["--eval-only"], ["--eval-only"]),
+        (["gs://archive/rayb"], ["--archive", "gs://archive/rayb"]),
+    ],
+)
+def test_submit_script_passes_an_object_storage_output_through(extra, expected, tmp_path):
+    """jobs/submit_study.sh STUDY s3://... submits `rayb run STUDY --output s3://...` (not --archive)."""
+    for tool, script in {"rayb": "exit 0", "ray": 'printf "%s\\n" "$@"'}.items():
+        (tmp_path / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (tmp_path / tool).chmod(0o755)
+    done = subprocess.run(
+        [str(REPO / "jobs" / "submit_study.sh"), "configs/smoke.yaml", "s3://my-bucket/rayb", *extra],
+        env=os.environ | {"PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    args = done.stdout.splitlines()
+    assert args[args.index("--") + 1 :] == [
+        "rayb", "run", "configs/smoke.yaml", "--output", "s3://my-bucket/rayb", *expected
+    ]  # fmt: skip
