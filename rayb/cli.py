@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rayb import storage
 from rayb.study import StudyError, StudyFailed, check_output_dir, load_study
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Fair architecture comparisons on Ray.")
@@ -176,7 +177,10 @@ def _unmeasured_gate_metrics(study) -> list[str]:
 def run(
     study_file: Path,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="output directory (default: the study's output_dir)")
+        str | None,
+        typer.Option(
+            "--output", "-o", help="output directory or s3://, gs://... URI (default: the study's output_dir)"
+        ),
     ] = None,
     archive: Annotated[
         str | None,
@@ -203,7 +207,7 @@ def run(
             _fail("--archive", str(exc))
     if output is not None:
         try:
-            check_output_dir(str(output))
+            check_output_dir(output)
         except ValueError as exc:
             console.print(f"[red]invalid --output[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(code=2) from None
@@ -255,7 +259,8 @@ def _print_verdict(report) -> None:
 @app.command()
 def status(
     path: Annotated[
-        Path, typer.Argument(help="an output directory (every study in it) or one study directory")
+        str,
+        typer.Argument(help="an output directory (every study in it) or one study directory; or their URI"),
     ],
 ) -> None:
     """Where a study stands, from its files: each trial's step, loss, speed, ETA and state, the evaluations,
@@ -263,8 +268,12 @@ def status(
     from rayb.report.status import TRIALS_NAME, status_table, study_status
     from rayb.report.study_report import build_report, read_study_dir
 
-    studies = sorted((path / "studies").glob(f"*/{TRIALS_NAME}"), key=lambda p: p.stat().st_mtime)
-    for study_dir in [p.parent for p in studies] or [path]:
+    studies = [
+        storage.join(path, "studies", name)
+        for name in storage.listdir(storage.join(path, "studies"))
+        if storage.exists(storage.join(path, "studies", name, TRIALS_NAME))
+    ]
+    for study_dir in studies or [path]:
         try:
             state = study_status(study_dir)
         except FileNotFoundError as exc:
@@ -275,22 +284,27 @@ def status(
 
 
 @app.command()
-def report(study_dir: Annotated[Path, typer.Argument(help="rayb_out/studies/<name>-<hash>")]) -> None:
+def report(
+    study_dir: Annotated[
+        str, typer.Argument(help="rayb_out/studies/<name>-<hash>, or its s3://, gs://... URI")
+    ],
+) -> None:
     """Rebuild a study's report (markdown, HTML, JSON, plots) from its results table alone."""
-    from rayb.report.study_report import build_report, read_study_dir, write_report
+    from rayb.report.study_report import HTML_NAME, REPORT_NAME, build_report, read_study_dir, write_report
 
     try:
         study_report = build_report(*read_study_dir(study_dir))
     except (FileNotFoundError, ValueError) as exc:
         _fail("study_dir", str(exc))
-    files = write_report(study_report, study_dir)
+    write_report(study_report, storage.writable(study_dir))
+    storage.push(study_dir)  # on object storage: the rebuilt files go back beside the table
     _print_verdict(study_report)
-    console.print(f"report: {files['html']} and {files['report']}")
+    console.print(f"report: {storage.join(study_dir, HTML_NAME)} and {storage.join(study_dir, REPORT_NAME)}")
 
 
 @app.command()
 def compare(
-    study_dirs: Annotated[list[Path], typer.Argument(help="two or more study directories")],
+    study_dirs: Annotated[list[str], typer.Argument(help="two or more study directories (paths or URIs)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="where comparison.md/.html go")] = Path(
         "rayb_compare"
     ),
@@ -324,7 +338,10 @@ app.add_typer(data_app, name="data")
 def data_prepare(
     study_file: Path,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="output directory (default: the study's output_dir)")
+        str | None,
+        typer.Option(
+            "--output", "-o", help="output directory or s3://, gs://... URI (default: the study's output_dir)"
+        ),
     ] = None,
 ) -> None:
     """Fetch and cache everything the study reads (run where the hub is reachable): the packed-token
@@ -332,7 +349,7 @@ def data_prepare(
     from rayb.data.prepare import prepare_study
 
     study = _load(study_file)
-    results = prepare_study(study, output or Path(study.output_dir))
+    results = prepare_study(study, output or study.output_dir)
     for item in results:
         mark = "[green]ok[/green]" if item.ok else "[red]missing[/red]"
         console.print(f"{mark} {escape(item.item)}: {escape(item.detail)}", highlight=False)
@@ -503,7 +520,9 @@ def _fraction(text: str, option: str) -> float:
 
 @app.command()
 def power(
-    study_dir: Annotated[Path | None, typer.Argument(help="a study directory (its results.parquet)")] = None,
+    study_dir: Annotated[
+        str | None, typer.Argument(help="a study directory (its results.parquet), or its URI")
+    ] = None,
     diff: Annotated[str, typer.Option("--diff", help="relative difference to detect, e.g. 5%")] = "5%",
     target: Annotated[float, typer.Option("--power", help="probability of detecting it")] = 0.8,
     alpha: Annotated[float, typer.Option("--alpha", help="two-sided significance level")] = 0.05,
@@ -525,13 +544,13 @@ def power(
         return
     from rayb.results import RESULTS_NAME, read_results
 
-    results = study_dir / RESULTS_NAME
-    if not results.exists():
+    results = storage.join(study_dir, RESULTS_NAME)
+    if not storage.exists(results):
         _fail(
             "study_dir", f"{results} does not exist; give a study directory (rayb_out/studies/<name>-<hash>)"
         )
     try:
-        table = best_by(read_results(results), "model", "lr", metric)
+        table = best_by(read_results(storage.fetch(results)), "model", "lr", metric)
     except ValueError as exc:
         _fail("study_dir", str(exc))
     out = Table(

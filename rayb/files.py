@@ -22,6 +22,7 @@ def digest(value: Any, length: int = 12) -> str:
 
 def write_atomic(path: Path, data: bytes) -> Path:
     """Write via a temp file in the same directory + os.replace, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_bytes(data)
@@ -31,13 +32,19 @@ def write_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, value: Any) -> Path:
-    return write_atomic(path, json.dumps(value, indent=2, default=float).encode())
+def write_json_atomic(location: str | Path, value: Any) -> None:
+    """Write a JSON file whole, to a local path or an object store (rayb/storage.py)."""
+    from rayb import storage
+
+    storage.write_bytes(location, json.dumps(value, indent=2, default=float).encode())
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A result file's contents, or {} when that step has not finished."""
-    return json.loads(path.read_text()) if path.exists() else {}
+def read_json(location: str | Path) -> dict[str, Any]:
+    """A result file's contents (local or on an object store), or {} when that step has not finished."""
+    from rayb import storage
+
+    data = storage.read_bytes(location)
+    return json.loads(data) if data is not None else {}
 
 
 class AtomicDirectory:

@@ -21,11 +21,13 @@ from typing import Any
 
 import pandas as pd
 
+from rayb import storage
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EvalJob, EvalPool, read_result
 from rayb.eval.registry import parse_suite
-from rayb.files import read_json, write_atomic, write_json_atomic
+from rayb.files import read_json, write_json_atomic
+from rayb.lock import study_lock
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
 from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
@@ -52,7 +54,10 @@ class StudyOutcome:
 
 
 def plan_trials(
-    study: Study, cache: TokenCache, out: Path, checkpoints: dict[str, dict[int, Checkpoint]] | None = None
+    study: Study,
+    cache: TokenCache,
+    out: Path | str,
+    checkpoints: dict[str, dict[int, Checkpoint]] | None = None,
 ) -> list[TrialSpec]:
     """Every (model, lr, seed) trial; a pretrained model is one trial, evaluated and never trained."""
     checkpoints = checkpoints or {}
@@ -62,7 +67,7 @@ def plan_trials(
     def trial(model, key, **fields) -> TrialSpec:
         return TrialSpec(
             key=key, model=model.label, train=study.train, cache_dir=str(cache.path),
-            trial_dir=str(out / "trials" / f"{model.label}-{key}"), storage_path=str(out / "ray" / "train"),
+            trial_dir=storage.join(out, "trials", f"{model.label}-{key}"), storage_path=storage.join(out, "ray", "train"),
             **fields,
         )  # fmt: skip
 
@@ -88,7 +93,7 @@ def plan_trials(
     return trials
 
 
-def resolve_checkpoints(study: Study, out: Path, log) -> dict[str, dict[int, Checkpoint]]:
+def resolve_checkpoints(study: Study, out: Path | str, log) -> dict[str, dict[int, Checkpoint]]:
     """{source: {seed: checkpoint}} for every checkpoint the study's models name. A `study:FILE#MODEL`
     reference runs that study first (skipping whatever it has finished) and points each seed at MODEL's
     final weights of the same seed there (its first seed where it has no such seed), so a finetuning
@@ -97,9 +102,14 @@ def resolve_checkpoints(study: Study, out: Path, log) -> dict[str, dict[int, Che
     return {source: _resolve_checkpoint(refs[source], study.seeds, out, log) for source in sorted(refs)}
 
 
-def _resolve_checkpoint(ref: CheckpointRef, seeds: list[int], out: Path, log) -> dict[int, Checkpoint]:
+def _resolve_checkpoint(ref: CheckpointRef, seeds: list[int], out: Path | str, log) -> dict[int, Checkpoint]:
     if ref.kind != "study":
         return dict.fromkeys(seeds, hub_checkpoint(ref.source, ref.location))
+    if storage.is_remote(out):
+        raise StudyError(
+            f"{ref.source}: a study: checkpoint reference needs a local output directory for now; run the "
+            "study it names, then point at its trial's model directory as a local path"
+        )
     sub = load_study(ref.location)
     log(f"{ref.source}: running study {sub.name} first (finished work is skipped)")
     outcome = run_study(sub, out, log=lambda msg: log(f"[{sub.name}] {msg}"))
@@ -153,23 +163,25 @@ def materialise_pretrained(trial: TrialSpec) -> str | None:
             f"pretrained '{checkpoint.source}': {exc}. Run `rayb data prepare` where the hub is reachable, "
             "or give a local save_pretrained directory"
         )
-    Path(trial.trial_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(
-        Path(trial.trial_dir) / TRAIN_DONE,
+        storage.join(trial.trial_dir, TRAIN_DONE),
         {"status": "ok", "pretrained": checkpoint.source, "steps": 0, "params_total": total,
          "params_non_embedding": non_embedding, "train_tokens": 0, "train_flops": math.nan},
     )  # fmt: skip
     return None
 
 
-def study_directory(study: Study, output: Path | None = None) -> Path:
-    """Where a study's results, report and logs go: named by its hash, under the output directory."""
-    return Path(output or study.output_dir).resolve() / "studies" / f"{study.name}-{study.fingerprint()}"
+def study_directory(study: Study, output: Path | str | None = None) -> str:
+    """Where a study's results, report and logs go: named by its hash, under the output directory (a
+    local path or a URI)."""
+    return storage.join(
+        storage.resolve(output or study.output_dir), "studies", f"{study.name}-{study.fingerprint()}"
+    )
 
 
 def run_study(
     study: Study,
-    output: Path | None = None,
+    output: Path | str | None = None,
     log=print,
     archive_uri: str | None = None,
     eval_only: bool = False,
@@ -186,89 +198,96 @@ def run_study(
     from rayb.tune.sweep import run_packs
 
     began = time.perf_counter()
-    out = Path(output or study.output_dir).resolve()
+    out = storage.resolve(output or study.output_dir)
     study_dir = study_directory(study, output)
-    study_dir.mkdir(parents=True, exist_ok=True)
-
-    stages = Stages()
-    runtime.init_ray(None if ray_logs else study_dir / RAY_LOG)
-    if not ray_logs:
+    # What libraries write for the study (its report, figures, Ray's driver log): the study directory
+    # itself, or on object storage a local directory pushed to it as the run ends.
+    study_local = storage.writable(study_dir)
+    study_local.mkdir(parents=True, exist_ok=True)
+    with study_lock(study_dir):  # a second run of this study refuses, naming this one
+        stages = Stages()
+        runtime.init_ray(None if ray_logs else study_local / RAY_LOG)
+        if not ray_logs:
+            log(
+                f"Ray's own logs: {study_local / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
+            )
+        cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
+        if study.trained_models and not eval_only and (why := unfittable(study.train, capacity)):
+            raise StudyError(f"train: {why}")
+        stages.end("ray_start")
+        log("preparing data (tokenize, pack, mix) ...")
+        cache = prepare_data(study.data, storage.join(out, "cache"))
+        stages.end("data")
+        provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
+        write_json_atomic(storage.join(study_dir, PROVENANCE_NAME), provenance)
+        if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
+            raise StudyError(
+                f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
+                f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
+            )
+        checkpoints = resolve_checkpoints(study, out, log)
+        check_init_tokenizers(study, cache, checkpoints)
+        trials = plan_trials(study, cache, out, checkpoints)
+        errors = {}
+        for trial in trials:
+            if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
+                errors[trial.key] = error
+        wanted = trials if study.seed_rounds is None else adaptive_wanted(study, trials)
+        write_trials(study_dir, wanted)
+        pending = [t for t in wanted if not t.done and t.arch != PRETRAINED_ARCH]
+        if eval_only and pending:
+            names = ", ".join(storage.name(t.trial_dir) for t in pending[:3]) + (
+                " ..." if len(pending) > 3 else ""
+            )
+            raise StudyError(
+                f"--eval-only: {len(pending)} of {len(wanted)} trials have no finished training ({names}); "
+                "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
+            )
+        if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
+            check_kernels(sorted({t.arch for t in pending}))
+        slots = trial_slots(study.train, capacity)
         log(
-            f"Ray's own logs: {study_dir / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
+            f"{len(wanted)} trials, {len(wanted) - len(pending)} already trained; training {len(pending)}"
+            + (" in rounds of seeds" if study.seed_rounds else "")
+            + ", evaluating each as it finishes ..."
         )
-    cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
-    if study.trained_models and not eval_only and (why := unfittable(study.train, capacity)):
-        raise StudyError(f"train: {why}")
-    stages.end("ray_start")
-    log("preparing data (tokenize, pack, mix) ...")
-    cache = prepare_data(study.data, out / "cache")
-    stages.end("data")
-    provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
-    write_json_atomic(study_dir / PROVENANCE_NAME, provenance)
-    if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
-        raise StudyError(
-            f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
-            f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
-        )
-    checkpoints = resolve_checkpoints(study, out, log)
-    check_init_tokenizers(study, cache, checkpoints)
-    trials = plan_trials(study, cache, out, checkpoints)
-    errors = {}
-    for trial in trials:
-        if trial.arch == PRETRAINED_ARCH and not trial.done and (error := materialise_pretrained(trial)):
-            errors[trial.key] = error
-    wanted = trials if study.seed_rounds is None else adaptive_wanted(study, trials)
-    write_trials(study_dir, wanted)
-    pending = [t for t in wanted if not t.done and t.arch != PRETRAINED_ARCH]
-    if eval_only and pending:
-        names = ", ".join(Path(t.trial_dir).name for t in pending[:3]) + (" ..." if len(pending) > 3 else "")
-        raise StudyError(
-            f"--eval-only: {len(pending)} of {len(wanted)} trials have no finished training ({names}); "
-            "nothing was trained. Drop --eval-only to train them, or check the study matches the one trained."
-        )
-    if pending and study.train.use_gpu and not study.train.allow_slow_kernels:
-        check_kernels(sorted({t.arch for t in pending}))
-    slots = trial_slots(study.train, capacity)
-    log(
-        f"{len(wanted)} trials, {len(wanted) - len(pending)} already trained; training {len(pending)}"
-        + (" in rounds of seeds" if study.seed_rounds else "")
-        + ", evaluating each as it finishes ..."
-    )
-    evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log)
-    feed = FinishedTrials(study, trials)
-    stages.end("planning")
-    trained, groups = 0, 0
-    with (
-        tracking(study, trials, study_dir, log) as tracked,
-        evaluating_beside(evaluations, feed) as evaluated,
-    ):
-        while packs := _packs(wanted, slots, cores):
-            if study.seed_rounds is not None:
-                log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
-            trained += sum(len(p.pending) for p in packs)
-            groups = max(groups, min(slots, len(packs)))
-            errors |= run_packs(packs, out / "ray" / "tune", min(slots, len(packs)))
-            if study.seed_rounds is None:
-                break
-            await_held_out_loss(study, wanted, evaluated)
-            wanted = adaptive_wanted(study, trials)
-            write_trials(study_dir, wanted)
-        stages.end("training")
-    stages.end("evaluation_after_training")
-    try:
-        if "failure" in evaluated:
-            raise evaluated["failure"]
-        outcome = _report(study, wanted, errors, evaluated["errors"], study_dir, provenance)
-        tracked.finish_study(list(outcome.files.values()))
-        stages.end("report")
-        write_json_atomic(study_dir / TIMINGS, stages.seconds | {"groups_at_once": groups})
-    except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
-        tracked.finish_study(None)
-        raise _after_training_error(exc, study_dir) from exc
-    outcome.evaluated = evaluations.submitted
-    outcome.archive_error = _archive(out, study_dir, wanted, archive_uri, log) if archive_uri else None
-    outcome.trained, outcome.wall_s = trained, time.perf_counter() - began
-    return outcome
+        evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log)
+        feed = FinishedTrials(study, trials)
+        stages.end("planning")
+        trained, groups = 0, 0
+        with (
+            tracking(study, trials, study_local, log) as tracked,
+            evaluating_beside(evaluations, feed) as evaluated,
+        ):
+            while packs := _packs(wanted, slots, cores):
+                if study.seed_rounds is not None:
+                    log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
+                trained += sum(len(p.pending) for p in packs)
+                groups = max(groups, min(slots, len(packs)))
+                errors |= run_packs(packs, storage.join(out, "ray", "tune"), min(slots, len(packs)))
+                if study.seed_rounds is None:
+                    break
+                await_held_out_loss(study, wanted, evaluated)
+                wanted = adaptive_wanted(study, trials)
+                write_trials(study_dir, wanted)
+            stages.end("training")
+        stages.end("evaluation_after_training")
+        try:
+            if "failure" in evaluated:
+                raise evaluated["failure"]
+            outcome = _report(study, wanted, errors, evaluated["errors"], study_dir, provenance)
+            tracked.finish_study(list(outcome.files.values()))
+            stages.end("report")
+            write_json_atomic(storage.join(study_dir, TIMINGS), stages.seconds | {"groups_at_once": groups})
+        except Exception as exc:  # after training: every finished trial, evaluation and result stays on disk
+            tracked.finish_study(None)
+            raise _after_training_error(exc, study_dir) from exc
+        finally:  # on object storage: the report, logs and tracker files join the rest, the table last
+            storage.push(study_dir, last=(RESULTS_NAME,), keep=True)
+        outcome.evaluated = evaluations.submitted
+        outcome.archive_error = _archive(out, study_local, wanted, archive_uri, log) if archive_uri else None
+        outcome.trained, outcome.wall_s = trained, time.perf_counter() - began
+        return outcome
 
 
 def _packs(trials: list[TrialSpec], slots: int, cores: int) -> list:
@@ -309,8 +328,8 @@ def await_held_out_loss(study: Study, trials: list[TrialSpec], evaluated: dict[s
     suite first): the next round of seeds is decided on it."""
     options = study.eval_options.get(PRIMARY_SUITE, {})
     while "failure" not in evaluated:
-        ok = [t for t in trials if t.done and read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
-        if all(read_result(Path(t.trial_dir), PRIMARY_SUITE, options).get("status") for t in ok):
+        ok = [t for t in trials if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
+        if all(read_result(t.trial_dir, PRIMARY_SUITE, options).get("status") for t in ok):
             return
         time.sleep(0.5)
     raise evaluated["failure"]
@@ -363,7 +382,7 @@ class FinishedTrials:
         over = self.training_over.is_set()  # read first: a trial finishing during the scan is seen next time
         finished = [t for t in self.waiting if t.done]
         self.waiting = [t for t in self.waiting if t not in finished]
-        ok = [t for t in finished if read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+        ok = [t for t in finished if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
         return evaluation_jobs(ok, self.study.eval, self.study.eval_options, self.study.base_dir), not over
 
 
@@ -394,9 +413,10 @@ def evaluating_beside(pool: EvalPool, feed: FinishedTrials):
 def _report(study, trials, errors, eval_errors, study_dir, provenance) -> StudyOutcome:
     from rayb.report.study_report import build_report, write_report
 
-    table = write_results(result_rows(study, trials, errors), study_dir / RESULTS_NAME)
+    local = storage.writable(study_dir)
+    table = write_results(result_rows(study, trials, errors), local / RESULTS_NAME)
     report = build_report(table, provenance)
-    files = write_report(report, study_dir) | {"table": study_dir / RESULTS_NAME}
+    files = write_report(report, local) | {"table": local / RESULTS_NAME}
     return StudyOutcome(
         study_dir, table, report, files, trained=0, evaluated=0, wall_s=0.0, errors=errors, trials=trials,
         eval_errors={f"{key} × {suite}": error for (key, suite), error in eval_errors.items()},
@@ -406,24 +426,28 @@ def _report(study, trials, errors, eval_errors, study_dir, provenance) -> StudyO
 ERROR_LOG = "error.txt"
 
 
-def _after_training_error(exc: Exception, study_dir: Path) -> StudyFailed:
+def _after_training_error(exc: Exception, study_dir: str) -> StudyFailed:
     """A failure once training is over, as a study error: its message, where its traceback was written,
     and that the finished work is kept (a rerun redoes none of it)."""
-    write_atomic(study_dir / ERROR_LOG, "".join(traceback.format_exception(exc)).encode())
-    table = study_dir / RESULTS_NAME
+    error_log = storage.join(study_dir, ERROR_LOG)
+    storage.write_bytes(error_log, "".join(traceback.format_exception(exc)).encode())
+    table = storage.writable(study_dir) / RESULTS_NAME
     return StudyFailed(
         f"{type(exc).__name__}: {exc}. Every trained model and finished evaluation is kept"
-        + (f", and the results table is at {table}" if table.exists() else "")
-        + f"; the traceback is in {study_dir / ERROR_LOG}. Fix the cause and run again: nothing finished is redone."
+        + (f", and the results table is at {storage.join(study_dir, RESULTS_NAME)}" if table.exists() else "")
+        + f"; the traceback is in {error_log}. Fix the cause and run again: nothing finished is redone."
     )
 
 
-def _archive(out: Path, study_dir: Path, trials: list[TrialSpec], uri: str, log) -> str | None:
+def _archive(out: str, study_dir: Path, trials: list[TrialSpec], uri: str, log) -> str | None:
     """Copy the study's results to `uri`; the error, if that failed. It runs last, so a failure loses
     nothing: every result is in `out`, and running the study again retries only the copy."""
+    if storage.is_remote(out):
+        log(f"not archived to {uri}: the output is on object storage already ({out})")
+        return None
     dirs = [study_dir, *(Path(t.trial_dir) for t in trials if Path(t.trial_dir).exists())]
     try:
-        copy = archive(out, dirs, uri)
+        copy = archive(Path(out), dirs, uri)
     except (OSError, ValueError) as exc:
         return f"could not archive to {uri}: {exc}"
     log(f"archived to {copy.uri}: {copy.copied} files copied, {copy.unchanged} already there")
@@ -435,7 +459,7 @@ def result_rows(study: Study, trials: list[TrialSpec], errors: dict[str, str]) -
     return [_row(study, t, errors.get(t.key)) for t in trials]
 
 
-def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _eval_columns(study: Study, trial_dir: str) -> tuple[dict[str, Any], dict[str, str]]:
     """Each suite's metrics as `<suite>.<metric>` columns (the held-out `lm` suite's as val_*), its
     version as `<suite>.version`; and {suite: error} for the suites that failed or have not run."""
     columns, errors = {}, {}
@@ -456,10 +480,10 @@ def _eval_columns(study: Study, trial_dir: Path) -> tuple[dict[str, Any], dict[s
 
 
 def _row(study: Study, trial: TrialSpec, error: str | None) -> ResultRow:
-    trial_dir = Path(trial.trial_dir)
-    train = read_json(trial_dir / TRAIN_DONE)
+    trial_dir = trial.trial_dir
+    train = read_json(storage.join(trial_dir, TRAIN_DONE))
     evaluation, eval_errors = _eval_columns(study, trial_dir)
-    log = read_metrics(trial_dir / METRICS)
+    log = read_metrics(storage.join(trial_dir, METRICS))
     curve, val_curve, epochs = ([r for r in log if r["kind"] == kind] for kind in ("train", "val", "epoch"))
     status = train.get("status", "error")
     if status == "ok" and PRIMARY_SUITE in eval_errors:
@@ -474,7 +498,7 @@ def _row(study: Study, trial: TrialSpec, error: str | None) -> ResultRow:
         train_flops=train.get("train_flops", math.nan), train_flops_per_token=trial.train_flops_per_token,
         final_train_loss=train.get("final_train_loss", math.nan), **core,
         wall_s=train.get("wall_s", math.nan), tokens_per_s=train.get("tokens_per_s", math.nan),
-        checkpoint=str(trial_dir / "model"), model_config=json.dumps(trial.model_config), train=trial.train,
+        checkpoint=storage.join(trial_dir, "model"), model_config=json.dumps(trial.model_config), train=trial.train,
         precision=train.get("precision", ""), kernels=train.get("kernels", {}),
         curve_step=[r["step"] for r in curve], curve_train_loss=[r["loss"] for r in curve],
         curve_val_step=[r["step"] for r in val_curve], curve_val_loss=[r["val_loss"] for r in val_curve],

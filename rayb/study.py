@@ -73,7 +73,8 @@ class Study(Spec):
     )
     output_dir: str = Field(
         default="rayb_out",
-        description="where outputs go, relative to the directory rayb runs in (or --output)",
+        description="where outputs go: a path (relative to the directory rayb runs in), or s3://, gs://... "
+        "(or --output)",
     )
 
     @model_validator(mode="before")
@@ -291,11 +292,19 @@ def _check_study_ref(ref) -> str | None:
 
 
 def check_output_dir(path: str) -> None:
-    # Also catches 's3:/bucket', which is what pathlib makes of 's3://bucket'.
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", str(path)):
+    """A local path, or a URI of a filesystem pyarrow or fsspec knows (s3://bucket/prefix, gs://...)."""
+    from fsspec.registry import known_implementations
+
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):(/*)(.*)", str(path))
+    if not match or len(match.group(1)) == 1:  # a local path (a drive letter is not a scheme)
+        return
+    scheme, slashes, rest = match.groups()
+    if slashes != "//" or not rest.split("/")[0]:  # also 's3:/bucket', what pathlib makes of 's3://bucket'
+        raise ValueError(f"'{path}': write an object-storage output as {scheme}://bucket/prefix")
+    if scheme not in known_implementations:
         raise ValueError(
-            f"'{path}': the output must be a filesystem path that every node shares (e.g. an NFS/EFS mount "
-            "such as /mnt/rayb/out); for a copy on object storage, add `rayb run --archive s3://bucket/prefix`"
+            f"'{path}': unknown storage scheme '{scheme}://'; use a local path, s3://, gs://, or another "
+            "scheme fsspec knows"
         )
 
 

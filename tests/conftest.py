@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -82,6 +83,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "rayb-test",
+    "AWS_SECRET_ACCESS_KEY": "rayb-test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3 server on the loopback (moto's), as a process environment that reaches it: the endpoint and
+    throwaway keys, which pyarrow, and so rayb and Ray, read from the environment like real credentials."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield S3_ENV | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch, request):
+    """A fresh bucket on the loopback S3 server, with this process's environment pointing at it."""
+    import boto3
+
+    for key, value in s3_server.items():
+        monkeypatch.setenv(key, value)
+    name = "rayb-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"]).create_bucket(Bucket=name)
+    return name
 
 
 @pytest.fixture(scope="session")

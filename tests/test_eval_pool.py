@@ -41,7 +41,7 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
         if not handed:
             handed.append(first_job)
             return [first_job], True
-        if not first_job.out.exists():
+        if not Path(first_job.out).exists():
             return [], True
         if _alive_eval_actors():  # with no job queued, the first job's actor is let go (ray.kill)
             return [], True

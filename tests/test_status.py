@@ -27,13 +27,16 @@ def _trial(tmp_path, model: str, seed: int) -> TrialSpec:
     )  # fmt: skip
 
 
-def _log(trial: TrialSpec, steps: list[int]) -> None:
+def _log(trial: TrialSpec, steps: list[int], resumed_at: int | None = None) -> None:
     path = Path(trial.trial_dir) / METRICS
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         {"kind": "train", "step": s, "loss": 5.0 - 0.1 * s, "tokens_per_s": 1000.0, "step_s": 2.0}
         for s in steps
     ]
+    if resumed_at is not None:  # as the training loop writes it: a resume record, then the steps again
+        at = steps.index(resumed_at + 1, steps.index(resumed_at) + 1)
+        lines.insert(at, {"kind": "resume", "step": resumed_at})
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
@@ -42,7 +45,7 @@ def study_dir(tmp_path):
     trials = {name: _trial(tmp_path, "gpt2", seed) for seed, name in enumerate(
         ["queued", "running", "resumed", "done", "diverged", "failed"])}  # fmt: skip
     _log(trials["running"], [1, 2, 3, 4])
-    _log(trials["resumed"], [1, 2, 3, 4, 3, 4, 5, 6])  # restarted from its step-2 checkpoint
+    _log(trials["resumed"], [1, 2, 3, 4, 3, 4, 5, 6], resumed_at=2)  # restarted from its step-2 checkpoint
     for name, status in (("done", "ok"), ("diverged", "diverged"), ("failed", "error")):
         _log(trials[name], list(range(1, STEPS + 1)))
         write_json_atomic(Path(trials[name].trial_dir) / TRAIN_DONE, {"status": status, "steps": STEPS})

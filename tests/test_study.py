@@ -73,8 +73,13 @@ def _broken(path: tuple, value):
         (("trian",), {}, "trian: unknown field; remove it or check its spelling"),
         (
             ("output_dir",),
-            "s3://bucket/out",
-            "output_dir: 's3://bucket/out': the output must be a filesystem path",
+            "s3:/bucket/out",
+            "output_dir: 's3:/bucket/out': write an object-storage output as s3://bucket/prefix",
+        ),
+        (
+            ("output_dir",),
+            "ftp2://bucket/out",
+            "output_dir: 'ftp2://bucket/out': unknown storage scheme 'ftp2://'",
         ),
     ],
 )
@@ -132,7 +137,9 @@ def test_a_sized_models_key_follows_the_shape_its_size_resolves_to():
     assert key == study.trial_key(sized, 3e-3, 0, "data1", config=dict(config))
     assert key != study.trial_key(sized, 3e-3, 0, "data1", config=config | {"n_layer": config["n_layer"] + 1})
     explicit = study.models[0].model_copy(update={"size": None, "config": config})
-    assert study.trial_key(explicit, 3e-3, 0, "data1", config=config) == study.trial_key(explicit, 3e-3, 0, "data1")
+    assert study.trial_key(explicit, 3e-3, 0, "data1", config=config) == study.trial_key(
+        explicit, 3e-3, 0, "data1"
+    )
 
 
 def test_cli_validate(tmp_path, monkeypatch):

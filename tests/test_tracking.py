@@ -124,7 +124,7 @@ def _feed(study, trial: TrialSpec, study_dir: Path, log) -> None:
     (trial_dir / TRAIN_DONE).write_text(json.dumps({"status": "ok", "steps": STEPS, "final_train_loss": 3.5,
                                                     "params_total": 1234, "tokens_per_s": 1003.5}))  # fmt: skip
     time.sleep(0.3)
-    out = result_path(trial_dir, "lm", {})
+    out = Path(result_path(trial_dir, "lm", {}))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"status": "ok", "version": 1, "metrics": {"val_loss": 3.9, "val_ppl": 49.4}}))
     tracking.stop()

@@ -7,6 +7,9 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
                     sample, split.py) packed in order, source after source, in the training mix
     held_out/       the text behind the validation rows, and the UTF-8 bytes each row scores (held_out.py)
 
+On object storage (rayb/storage.py), each process fetches the files it opens into its node's mirror the
+first time (a worker: the manifest, tokenizer and train.bin; the driver: the manifest and tokenizer only).
+
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
 """
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rayb.data.held_out import HeldOut
+from rayb import storage
+from rayb.data.held_out import HELD_OUT_DIR, HeldOut
 from rayb.data.held_out import read as read_held_out
 
 MANIFEST = "manifest.json"
@@ -30,11 +34,11 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class TokenCache:
-    path: Path
+    path: Path | str  # a local directory, or a URI on object storage
 
     @cached_property
     def manifest(self) -> dict:
-        return json.loads((Path(self.path) / MANIFEST).read_text())
+        return json.loads(storage.read_bytes(storage.join(self.path, MANIFEST)) or b"null")
 
     @property
     def seq_len(self) -> int:
@@ -42,7 +46,7 @@ class TokenCache:
 
     @property
     def tokenizer_dir(self) -> Path:
-        return Path(self.path) / "tokenizer"
+        return storage.fetch_tree(storage.join(self.path, "tokenizer"))
 
     @cached_property
     def train(self) -> np.ndarray:
@@ -54,12 +58,13 @@ class TokenCache:
 
     @cached_property
     def held_out(self) -> HeldOut:
-        return read_held_out(Path(self.path))
+        storage.fetch_tree(storage.join(self.path, HELD_OUT_DIR))
+        return read_held_out(storage.local(self.path))
 
     def _open(self, split: str) -> np.ndarray:
         rows = self.manifest[f"{split}_rows"]
         return np.memmap(
-            Path(self.path) / f"{split}.bin",
+            storage.fetch(storage.join(self.path, f"{split}.bin")),
             dtype=self.manifest["dtype"],
             mode="r",
             shape=(rows, self.seq_len),

@@ -29,6 +29,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
+from rayb import storage
 from rayb.data import held_out
 from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
 from rayb.data.held_out import HELD_OUT_DIR
@@ -53,19 +54,26 @@ class BadShard(ValueError):
     pass
 
 
-def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
-    """Build (or reuse) the packed-token cache for a data spec; return it."""
-    cache_root = Path(cache_root).resolve()
-    resolved = {s.name: resolve(s.location, cache_root) for s in spec.sources}
+def prepare_data(spec: DataSpec, cache_root: Path | str) -> TokenCache:
+    """Build (or reuse) the packed-token cache for a data spec under `cache_root` (a local directory, or
+    a URI on object storage); return it. On object storage the driver's node builds the cache in private
+    scratch space and uploads it, its manifest last: a cache without a manifest is never trusted, so a
+    driver killed mid-build leaves nothing a rerun would use."""
+    cache_root = storage.resolve(cache_root)
+    # Embedded corpora and tokenizers are made locally (on object storage, in this node's mirror: they are
+    # a function of their key alone, so a copy there is as good as a cache).
+    work_root = storage.local(cache_root).resolve()
+    resolved = {s.name: resolve(s.location, work_root) for s in spec.sources}
     key = data_key(spec, resolved)
-    out = cache_root / "data" / key
-    if (out / MANIFEST).exists():
-        return TokenCache(out)
+    out = storage.join(cache_root, "data", key)
+    if storage.exists(storage.join(out, MANIFEST)):
+        return TokenCache(storage.local(out) if not storage.is_remote(out) else out)
 
     started = time.perf_counter()
     units = [list_units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
-    tokenizer_dir = _tokenizer(spec, resolved, cache_root)
-    with atomic_directory(out) as scratch:
+    tokenizer_dir = _tokenizer(spec, resolved, work_root)
+    build = storage.writable(out)
+    with atomic_directory(build) as scratch:
         shutil.copytree(tokenizer_dir, scratch.path / "tokenizer")
         manifest, held_texts = _write_rows(spec, resolved, units, scratch.path)
         manifest.update(
@@ -74,7 +82,10 @@ def prepare_data(spec: DataSpec, cache_root: Path) -> TokenCache:
         (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2))
         held_out.write(_held_out(spec, held_texts, TokenCache(scratch.path)), scratch.path / HELD_OUT_DIR)
         shutil.rmtree(scratch.path / STREAM_DIR)
-    return TokenCache(out)
+    if storage.is_remote(out):
+        storage.push(out, last=(MANIFEST,))
+        return TokenCache(out)
+    return TokenCache(build)
 
 
 def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:

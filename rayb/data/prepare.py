@@ -23,7 +23,7 @@ class Prepared:
     detail: str
 
 
-def prepare_study(study: Study, output: Path, log: Callable[[str], None] = print) -> list[Prepared]:
+def prepare_study(study: Study, output: Path | str, log: Callable[[str], None] = print) -> list[Prepared]:
     return [
         _attempt("data (tokenize, pack, mix)", lambda: _data(study, output)),
         *(_attempt(f"corpus {name}", lambda n=name: _corpus(n)) for name in _corpora(study)),
@@ -39,12 +39,12 @@ def _attempt(item: str, fetch: Callable[[], str]) -> Prepared:
         return Prepared(item, False, f"{type(exc).__name__}: {exc}")
 
 
-def _data(study: Study, output: Path) -> str:
-    from rayb import runtime
+def _data(study: Study, output: Path | str) -> str:
+    from rayb import runtime, storage
     from rayb.data.pipeline import prepare_data
 
     runtime.init_ray()
-    cache = prepare_data(study.data, Path(output).resolve() / "cache")
+    cache = prepare_data(study.data, storage.join(storage.resolve(output), "cache"))
     manifest = cache.manifest
     return f"{manifest['train_rows'] + manifest['val_rows']:,} rows of {manifest['seq_len']} tokens at {cache.path}"
 

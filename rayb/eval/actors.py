@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayb import storage
 from rayb.eval.registry import check_suite_argument, make_options, parse_suite, result_name
 from rayb.files import digest, read_json, write_json_atomic
 from rayb.study import PRIMARY_SUITE
@@ -33,19 +34,18 @@ class EvalJob:
     argument: str | None = None  # the suite's argument, a relative path made absolute
 
     @property
-    def out(self) -> Path:
-        return result_path(Path(self.trial.trial_dir), self.suite, self.options)
+    def out(self) -> str:
+        return result_path(self.trial.trial_dir, self.suite, self.options)
 
 
-def result_path(trial_dir: Path, suite: str, options: dict[str, Any]) -> Path:
+def result_path(trial_dir: Path | str, suite: str, options: dict[str, Any]) -> str:
     """Keyed by suite, benchmark version and options, so a changed protocol never reuses old numbers."""
     benchmark, _ = parse_suite(suite)
-    return (
-        trial_dir / EVAL_DIR / f"{result_name(suite)}-{digest([benchmark.version, options], length=8)}.json"
-    )
+    name = f"{result_name(suite)}-{digest([benchmark.version, options], length=8)}.json"
+    return storage.join(trial_dir, EVAL_DIR, name)
 
 
-def read_result(trial_dir: Path, suite: str, options: dict[str, Any]) -> dict[str, Any]:
+def read_result(trial_dir: Path | str, suite: str, options: dict[str, Any]) -> dict[str, Any]:
     return read_json(result_path(trial_dir, suite, options))
 
 
@@ -70,7 +70,7 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     began = time.perf_counter()
     try:
         torch.set_num_threads(threads)
-        cache = TokenCache(Path(job.trial.cache_dir))
+        cache = TokenCache(job.trial.cache_dir)
         model, tokenizer, fresh, study_tokens = _load(job.trial, cache)
         model = model.eval()
         if torch.cuda.is_available():
@@ -87,7 +87,6 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
             "traceback": traceback.format_exc(),
         }
     result["wall_s"] = time.perf_counter() - began
-    job.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(job.out, result)
     return result
 
@@ -107,7 +106,8 @@ def _load(trial: TrialSpec, cache):
         same = tokenizer.get_vocab() == load_tokenizer(cache.tokenizer_dir).get_vocab()
         return load_model(checkpoint), tokenizer, lambda: fresh_model(checkpoint), same
     vocab, seq_len = cache.manifest["vocab_size"], cache.seq_len
-    model = load_trained(Path(trial.trial_dir) / "model", trial.arch, trial.model_config, vocab, seq_len)
+    model_dir = storage.fetch_tree(storage.join(trial.trial_dir, "model"))
+    model = load_trained(model_dir, trial.arch, trial.model_config, vocab, seq_len)
     fresh = lambda: build_model(trial.arch, trial.model_config, vocab, seq_len)  # noqa: E731
     return model, load_tokenizer(cache.tokenizer_dir), fresh, True
 

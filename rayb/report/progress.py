@@ -17,14 +17,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from rayb.report.status import TRIALS_NAME, StudyStatus, status_table, study_status
+from rayb import storage
+from rayb.report.status import StudyStatus, status_table, study_status
 
 TICK_S = 1.0
+REMOTE_TICK_S = 5.0  # a study on object storage: each tick is a few requests per trial
 HEARTBEAT_S = 30.0
 
 
 @contextmanager
-def watching(study_dir: Path, console: Console) -> Iterator[None]:
+def watching(study_dir: Path | str, console: Console) -> Iterator[None]:
     """Show the study's progress while the block runs (the study directory may not exist yet)."""
     stop = threading.Event()
     show = _live if console.is_terminal else _lines
@@ -37,26 +39,28 @@ def watching(study_dir: Path, console: Console) -> Iterator[None]:
         thread.join()
 
 
-def _read(study_dir: Path) -> StudyStatus | None:
-    if not (study_dir / TRIALS_NAME).is_file():
-        return None
+def _read(study_dir: Path | str) -> StudyStatus | None:
     try:
         return study_status(study_dir)
-    except (OSError, ValueError):  # a file caught mid-write: the next tick reads it whole
+    except (OSError, ValueError):  # not planned yet, or a file caught mid-write: the next tick reads it
         return None
 
 
-def _live(study_dir: Path, console: Console, stop: threading.Event) -> None:
+def _tick(study_dir: Path | str) -> float:
+    return REMOTE_TICK_S if storage.is_remote(study_dir) else TICK_S
+
+
+def _live(study_dir: Path | str, console: Console, stop: threading.Event) -> None:
     with Live(console=console, auto_refresh=False) as live:  # the last table stays, above the verdict
-        while not stop.wait(TICK_S):
+        while not stop.wait(_tick(study_dir)):
             if status := _read(study_dir):
                 live.update(status_table(status), refresh=True)
 
 
-def _lines(study_dir: Path, console: Console, stop: threading.Event) -> None:
+def _lines(study_dir: Path | str, console: Console, stop: threading.Event) -> None:
     states: dict[tuple[str, float, int], str] = {}
     said = time.monotonic()
-    while not stop.wait(TICK_S):
+    while not stop.wait(_tick(study_dir)):
         status = _read(study_dir)
         if status is None:
             continue

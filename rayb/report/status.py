@@ -4,18 +4,19 @@ on a cluster (beside `ray job logs`), or finished.
 The runner writes the study's trials to `trials.json` in the study directory when it plans them (and again
 at each round of adaptive seeds); every trial writes its own `metrics.jsonl` as it trains,
 `train_result.json` when it ends, and one result file per evaluation. A trial's state follows from those:
-queued (no step logged), running, resumed (its log starts over after a restart), done, diverged or failed.
+queued (no step logged), running, resumed (from a checkpoint, after a lost worker or node), done, diverged
+or failed.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from rayb import storage
 from rayb.eval.actors import read_result
 from rayb.files import read_json
 from rayb.train.loop import METRICS
@@ -47,52 +48,53 @@ class StudyStatus:
     finished: bool  # the study's results table is written
 
 
-def write_trials(study_dir: Path, trials: list[TrialSpec]) -> None:
+def write_trials(study_dir: Path | str, trials: list[TrialSpec]) -> None:
     """The trials a study runs, for `rayb status` (rewritten when adaptive seeds add a round)."""
     from rayb.files import write_json_atomic
 
-    write_json_atomic(study_dir / TRIALS_NAME, [t.to_dict() for t in trials])
+    write_json_atomic(storage.join(study_dir, TRIALS_NAME), [t.to_dict() for t in trials])
 
 
-def study_status(study_dir: Path) -> StudyStatus:
-    """Every trial's state and the evaluations done, from the study directory and the trials' files.
-    Raises FileNotFoundError for a directory that is not a study rayb has planned."""
+def study_status(study_dir: Path | str) -> StudyStatus:
+    """Every trial's state and the evaluations done, from the study directory and the trials' files (on
+    local disk or object storage). Raises FileNotFoundError for a directory that is not a study rayb has
+    planned."""
     from rayb.results import RESULTS_NAME
 
-    study_dir = Path(study_dir)
-    listed = study_dir / TRIALS_NAME
-    if not listed.is_file():
+    listed = read_json(storage.join(study_dir, TRIALS_NAME))
+    if not listed:
         raise FileNotFoundError(
-            f"{listed} does not exist: give a study directory (OUTPUT/studies/<name>-<hash>) of a study that "
-            "has started training, or the output directory holding it"
+            f"{storage.join(study_dir, TRIALS_NAME)} does not exist: give a study directory "
+            "(OUTPUT/studies/<name>-<hash>) of a study that has started training, or the output directory holding it"
         )
-    trials = [TrialSpec.from_dict(t) for t in json.loads(listed.read_text())]
-    study = read_json(study_dir / "provenance.json").get("study", {})
+    trials = [TrialSpec.from_dict(t) for t in listed]
+    study = read_json(storage.join(study_dir, "provenance.json")).get("study", {})
     suites = study.get("eval", ["lm"])
     options = study.get("eval_options", {})
-    trained = [t for t in trials if read_json(Path(t.trial_dir) / TRAIN_DONE).get("status") == "ok"]
+    trained = [t for t in trials if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
     done = sum(
-        bool(read_result(Path(t.trial_dir), suite, options.get(suite.split(":")[0], {})).get("status"))
+        bool(read_result(t.trial_dir, suite, options.get(suite.split(":")[0], {})).get("status"))
         for t in trained
         for suite in suites
     )
     return StudyStatus(
-        name=study.get("name", study_dir.name), trials=[_trial_status(t) for t in trials],
+        name=study.get("name", storage.name(study_dir)), trials=[_trial_status(t) for t in trials],
         evaluations_done=done, evaluations_total=len(trained) * len(suites),
-        finished=(study_dir / RESULTS_NAME).is_file(),
+        finished=storage.exists(storage.join(study_dir, RESULTS_NAME)),
     )  # fmt: skip
 
 
 def _trial_status(trial: TrialSpec) -> TrialStatus:
-    trial_dir = Path(trial.trial_dir)
-    result = read_json(trial_dir / TRAIN_DONE)
-    train = [r for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
+    result = read_json(storage.join(trial.trial_dir, TRAIN_DONE))
+    log = read_metrics(storage.join(trial.trial_dir, METRICS))
+    train = [r for r in log if r["kind"] == "train"]
     last: dict[str, Any] = train[-1] if train else {}
     step = int(result.get("steps", last.get("step", 0)))
     if result:
         state = {"ok": "done", "diverged": "diverged"}.get(result.get("status"), "failed")
     else:
-        state = "queued" if not train else ("resumed" if _restarted(trial_dir / METRICS) else "running")
+        resumed = any(r["kind"] == "resume" for r in log)
+        state = "queued" if not train else ("resumed" if resumed else "running")
     eta = None
     if state in ("running", "resumed"):
         recent = [r["step_s"] for r in train[-RECENT_STEPS:]]
@@ -108,12 +110,6 @@ def _trial_status(trial: TrialSpec) -> TrialStatus:
         eta,
         state,
     )
-
-
-def _restarted(log: Path) -> bool:
-    """Whether a trial's raw log starts over somewhere: it resumed from a checkpoint."""
-    steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if '"kind": "train"' in line]
-    return any(b <= a for a, b in zip(steps, steps[1:], strict=False))
 
 
 def status_table(status: StudyStatus) -> Table:

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rayb import storage
 from rayb.analysis.efficiency import Efficiency, efficiency
 from rayb.analysis.gate import GateDecision, gate_all
 from rayb.analysis.scaling import ScalingFit, fit_all, parallel
 from rayb.analysis.sequential import Round, replay, seed_values
 from rayb.analysis.verdict import Verdict, build_verdict, selected_rows
-from rayb.files import write_atomic
+from rayb.files import read_json, write_atomic
 from rayb.report import plots
 from rayb.report.html import data_uri, to_html
 from rayb.report.provenance import PROVENANCE_NAME
@@ -121,19 +122,18 @@ class StudyReport:
         return self.provenance.get("unigram_entropy_nats")
 
 
-def read_study_dir(study_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """A study directory's results table and provenance record: all a report is built from.
-    Raises FileNotFoundError naming what is missing."""
-    study_dir = Path(study_dir)
-    results, record = study_dir / RESULTS_NAME, study_dir / PROVENANCE_NAME
-    for path in (results, record):
-        if not path.is_file():
+def read_study_dir(study_dir: Path | str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A study directory's results table and provenance record (on local disk or object storage): all a
+    report is built from. Raises FileNotFoundError naming what is missing."""
+    results, record = storage.join(study_dir, RESULTS_NAME), storage.join(study_dir, PROVENANCE_NAME)
+    for location in (results, record):
+        if not storage.exists(location):
             raise FileNotFoundError(
-                f"{path} does not exist; give a study directory (rayb_out/studies/<name>-<hash>) of a study "
-                "that has finished (a study run by an older rayb: `rayb run` it again, which redoes no "
+                f"{location} does not exist; give a study directory (rayb_out/studies/<name>-<hash>) of a "
+                "study that has finished (a study run by an older rayb: `rayb run` it again, which redoes no "
                 "finished work)"
             )
-    return read_results(results), json.loads(record.read_text())
+    return read_results(storage.fetch(results)), read_json(record)
 
 
 def build_report(df: pd.DataFrame, provenance: dict[str, Any]) -> StudyReport:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rayb import storage
 from rayb.eval.actors import read_result
 from rayb.eval.registry import parse_suite
 from rayb.files import read_json, write_json_atomic
@@ -147,11 +148,11 @@ class Tracking:
                 del self.open[spec.key]
 
     def _begin(self, spec: TrialSpec) -> _Trial | None:
-        trial_dir = Path(spec.trial_dir)
-        if not ((trial_dir / METRICS).exists() or (trial_dir / TRAIN_DONE).exists()):
+        trial_dir = spec.trial_dir
+        if not any(storage.exists(storage.join(trial_dir, name)) for name in (METRICS, TRAIN_DONE)):
             return None  # not started yet
         self.seen.add(spec.key)
-        tracked = read_json(trial_dir / TRACKED).get("destinations", [])
+        tracked = read_json(storage.join(trial_dir, TRACKED)).get("destinations", [])
         run = TrialRun(spec.key, run_name(spec), self.study.name, trial_params(spec))
         trackers = [t for t in self.trackers if t.on and t.destination not in tracked]
         trial = _Trial(spec, [t for t in trackers if t.call("start_trial", run)])
@@ -161,7 +162,7 @@ class Tracking:
         return None
 
     def _forward(self, trial: _Trial) -> None:
-        records, trial.offset = _read_new(Path(trial.spec.trial_dir) / METRICS, trial.offset)
+        records, trial.offset = _read_new(storage.join(trial.spec.trial_dir, METRICS), trial.offset)
         rows: list[tuple[int, dict[str, float]]] = []
         for record in records:
             kind, step = record.get("kind"), record.get("step")
@@ -215,8 +216,8 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
 def trial_results(study: Study, spec: TrialSpec) -> tuple[dict[str, float], bool, bool]:
     """(final results, trained ok, settled): settled once training is over and every suite has a result
     (or training failed, so nothing will be evaluated)."""
-    trial_dir = Path(spec.trial_dir)
-    train = read_json(trial_dir / TRAIN_DONE)
+    trial_dir = spec.trial_dir
+    train = read_json(storage.join(trial_dir, TRAIN_DONE))
     if not train:
         return {}, False, False
     ok = train.get("status") == "ok"
@@ -231,13 +232,16 @@ def trial_results(study: Study, spec: TrialSpec) -> tuple[dict[str, float], bool
     return results, ok, settled
 
 
-def _read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """The whole lines appended to `path` since `offset` (a line being written waits for the next read)."""
-    if not path.exists():
+def _read_new(location: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The whole lines appended to a log since `offset` (a line being written waits for the next read)."""
+    if storage.is_remote(location):  # an object is read whole (pushed every few seconds)
+        data = (storage.read_bytes(location) or b"")[offset:]
+    elif not Path(location).exists():
         return [], offset
-    with path.open("rb") as f:
-        f.seek(offset)
-        data = f.read()
+    else:
+        with Path(location).open("rb") as f:
+            f.seek(offset)
+            data = f.read()
     end = data.rfind(b"\n") + 1
     records = []
     for line in data[:end].splitlines():
@@ -250,7 +254,7 @@ def _read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 def _mark_tracked(spec: TrialSpec, destination: str) -> None:
     """Remember that `destination` has this trial's whole run, so a rerun of the study does not log it twice."""
-    path = Path(spec.trial_dir) / TRACKED
+    path = storage.join(spec.trial_dir, TRACKED)
     destinations = read_json(path).get("destinations", [])
     write_json_atomic(path, {"destinations": sorted({*destinations, destination})})
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rayb import storage
 from rayb.data.cache import TokenCache, row_digest
 from rayb.eval.lm import as_ids, logits_nll, next_token_nll
 from rayb.files import write_json_atomic
@@ -112,7 +113,7 @@ def _set_up(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, flo
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     _seed_everything(trial.seed)
-    cache = TokenCache(Path(trial.cache_dir))
+    cache = TokenCache(trial.cache_dir)
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
     if trial.init_from:  # a finetuning arm: start from those weights (a resume then loads its own)
         model = initialise_from(model, Checkpoint(**trial.init_from))
@@ -130,7 +131,9 @@ def _set_up(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, flo
     comm = comm or HostCollectives()
     start = _resume(engine, trial)
     kernels = describe(get_arch(trial.arch).kernels(engine.device.type))
-    log = _MetricsLog(Path(trial.trial_dir) / METRICS, enabled=rank == 0)
+    log = _MetricsLog(storage.join(trial.trial_dir, METRICS), enabled=rank == 0)
+    if start:  # where the trial came back from a lost worker or node (rayb status shows it resumed)
+        log.write(kind="resume", step=start)
     timings = costs | {"set_up_s": time.perf_counter() - began, "checkpoint_s": 0.0, "validation_s": 0.0}
     return _Run(trial, engine, scheduler, cache, comm, rank, world, log, params, kernels, start, timings)
 
@@ -222,8 +225,11 @@ def _train_step(run: _Run, step: int) -> float:
     lr = run.scheduler.get_last_lr()[0]  # the rate this step uses (the scheduler moves on inside it)
     engine.train()
     loss_sum, digest = torch.zeros((), device=engine.device), 0
+    data_s = 0.0  # waiting for rows: a node's first read of a cache on object storage fetches it
     for micro in range(t.accumulation):
+        fetched = time.perf_counter()
         rows = run.cache.micro_batch(step, micro, run.rank, run.world, t.global_batch, t.micro_batch)
+        data_s += time.perf_counter() - fetched
         digest += row_digest(rows)
         ids = as_ids(rows, engine.device)
         out = engine(ids)
@@ -240,7 +246,7 @@ def _train_step(run: _Run, step: int) -> float:
     run.log.write(
         kind="train", step=step + 1, loss=step_loss, lr=lr, grad_norm=_float(engine.get_global_grad_norm()),
         tokens=(step + 1) * tokens_per_step, tokens_per_s=tokens_per_step / elapsed, step_s=elapsed,
-        batch_digest=int(global_digest), **{f"extra.{k}": v for k, v in _extra_metrics(run).items()},
+        data_s=round(data_s, 6), batch_digest=int(global_digest), **{f"extra.{k}": v for k, v in _extra_metrics(run).items()},
     )  # fmt: skip
     return step_loss
 
@@ -271,6 +277,7 @@ def _end_of_step(run: _Run, done: int) -> None:
         run.log.write(kind="val", step=done, val_loss=val_loss)
         began = time.perf_counter()
         _checkpoint(run.engine, run.trial, done, {"step": done, "val_loss": val_loss})
+        run.log.push()  # the log reaches the store with each checkpoint: a resume elsewhere continues it
         run.timings["checkpoint_s"] += time.perf_counter() - began
 
 
@@ -307,18 +314,23 @@ def _checkpoint(engine, trial: TrialSpec, step: int, metrics: dict[str, float]) 
 
 
 def _finish(run: _Run, status: str, steps_done: int) -> None:
+    """Rank 0 saves the model and pushes it and the metrics log, then writes train_result.json: last, so
+    its presence means everything else of the trial is in place."""
     if run.rank != 0:
         return
-    trial_dir = Path(run.trial.trial_dir)
+    trial_dir = run.trial.trial_dir
     began = time.perf_counter()
     if status == "ok":
-        _save_model(run.engine.module, trial_dir / "model")
+        model_dir = storage.join(trial_dir, "model")
+        _save_model(run.engine.module, storage.writable(model_dir))
+        storage.push(model_dir)
+    run.log.push(final=True)
     run.timings["save_model_s"] = time.perf_counter() - began
-    train_log = [r for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
+    train_log = [r for r in read_metrics(storage.join(trial_dir, METRICS)) if r["kind"] == "train"]
     tail = [r["loss"] for r in train_log[-10:]]
     train_tokens = steps_done * run.train.global_batch * run.cache.seq_len
     write_json_atomic(
-        trial_dir / TRAIN_DONE,
+        storage.join(trial_dir, TRAIN_DONE),
         {
             "status": status,
             "steps": steps_done,
@@ -346,17 +358,32 @@ def _save_model(module: torch.nn.Module, out: Path) -> None:
 
 
 class _MetricsLog:
-    """Rank 0's own append-only JSONL log (Ray keeps only metrics reported with checkpoints)."""
+    """Rank 0's own append-only JSONL log (Ray keeps only metrics reported with checkpoints). On object
+    storage it is appended locally and pushed every PUSH_EVERY_S, with each checkpoint and at the end;
+    a trial resumed on another node (or process) first takes the store's copy up."""
 
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
+    PUSH_EVERY_S = 10.0
+
+    def __init__(self, location: str, enabled: bool):
+        self.location, self.enabled = location, enabled
+        self.path = storage.writable(location)
+        self._pushed = time.monotonic()
         if enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if storage.is_remote(location) and (earlier := storage.read_bytes(location)):
+                self.path.write_bytes(earlier)
 
     def write(self, **record: Any) -> None:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+            if time.monotonic() - self._pushed > self.PUSH_EVERY_S:
+                self.push()
+
+    def push(self, final: bool = False) -> None:
+        if self.enabled and self.path.exists():
+            storage.push(self.location, keep=not final)
+            self._pushed = time.monotonic()
 
 
 def _float(value: Any) -> float | None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rayb import storage
 from rayb.files import digest
 from rayb.train.spec import TrainSpec
 
@@ -24,7 +25,7 @@ class TrialSpec:
     seed: int
     train: TrainSpec
     steps: int
-    cache_dir: str
+    cache_dir: str  # locations: local paths, or URIs on object storage (rayb/storage.py)
     trial_dir: str
     storage_path: str  # Ray Train storage for DeepSpeed checkpoints
     train_flops_per_token: float = 0.0  # the model's analytic (or measured) training FLOPs per token
@@ -45,7 +46,7 @@ class TrialSpec:
 
     @property
     def done(self) -> bool:
-        return (Path(self.trial_dir) / TRAIN_DONE).exists()
+        return storage.exists(storage.join(self.trial_dir, TRAIN_DONE))
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,13 @@ class TrialPack:
         return cls(tuple(TrialSpec.from_dict(t) for t in values["trials"]), values["threads"])
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(location: Path | str) -> list[dict[str, Any]]:
     """Read a trial's metrics log; a step logged twice (before and after a resume) keeps its last line."""
-    if not path.exists():
+    data = storage.read_bytes(location)
+    if data is None:
         return []
     latest: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines():
+    for line in data.decode(errors="replace").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a crash

@@ -44,7 +44,8 @@ class Capacity:
     """What trials may use: each live node's resources, and the most an autoscaler may bring up."""
 
     nodes: tuple[dict[str, float], ...]
-    autoscaled: dict[str, float] | None = None  # the cluster's totals at its node types' max_workers; None: fixed
+    # The cluster's totals with its node types at max_workers; None for a cluster that cannot scale.
+    autoscaled: dict[str, float] | None = None
 
     @classmethod
     def of_gpus(cls, gpus: float) -> Capacity:

@@ -1,0 +1,107 @@
+"""Object storage (rayb/storage.py) against a real S3 server on the loopback, and the same calls on local
+paths: what a study writes lands on the store, what a node reads comes through its mirror."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_study_dict
+
+from rayb import storage
+from rayb.data.cache import MANIFEST, TokenCache
+
+
+@pytest.fixture
+def mirror(tmp_path, monkeypatch):
+    monkeypatch.setenv(storage.MIRROR_ENV, str(tmp_path / "mirror"))
+    storage.mirror_root.cache_clear()
+    yield tmp_path / "mirror"
+    storage.mirror_root.cache_clear()
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path, mirror):
+    if request.param == "local":
+        return str(tmp_path / "out")
+    return f"s3://{request.getfixturevalue('s3_bucket')}/out"
+
+
+def test_locations_join_and_map_to_the_mirror(mirror):
+    assert storage.join("s3://b/out/", "trials", "x") == "s3://b/out/trials/x"
+    assert storage.join("/data/out", "trials") == "/data/out/trials"
+    assert storage.local("s3://b/out/x.json") == mirror / "s3" / "b" / "out" / "x.json"
+    assert storage.local("/data/out") == storage.local("/data/out/")  # a local path is itself
+    assert storage.is_remote("gs://b/x") and not storage.is_remote("/x") and not storage.is_remote("C:/x")
+    assert storage.name("s3://b/out/studies/tiny-abc/") == "tiny-abc"
+
+
+def test_small_files_are_written_whole_and_read_back(root):
+    target = storage.join(root, "trials", "t1", "train_result.json")
+    assert storage.read_bytes(target) is None and not storage.exists(target)
+    storage.write_bytes(target, b'{"status": "ok"}')
+    assert storage.read_bytes(target) == b'{"status": "ok"}' and storage.exists(target)
+    assert storage.listdir(storage.join(root, "trials")) == ["t1"]
+    storage.remove(storage.join(root, "trials"))
+    assert not storage.exists(target) and storage.listdir(storage.join(root, "trials")) == []
+
+
+def test_a_pushed_tree_is_fetched_once_and_again_only_when_it_changed(root):
+    location = storage.join(root, "model")
+    written = storage.writable(location)
+    written.mkdir(parents=True, exist_ok=True)
+    (written / "weights.bin").write_bytes(b"w" * 1000)
+    (written / "config.json").write_text("{}")
+    storage.push(location, last=("config.json",))
+    if storage.is_remote(root):
+        assert not written.exists()  # the private copy is dropped once the store has it
+    local = storage.fetch_tree(location)
+    assert (local / "weights.bin").read_bytes() == b"w" * 1000 and (local / "config.json").read_text() == "{}"
+    stamp = (local / "weights.bin").stat().st_mtime_ns
+    assert storage.fetch_tree(location) == local and (local / "weights.bin").stat().st_mtime_ns == stamp
+    storage.write_bytes(storage.join(location, "weights.bin"), b"v" * 999)  # the store's copy changes
+    assert storage.fetch(storage.join(location, "weights.bin")).read_bytes() == b"v" * 999
+
+
+def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(ray_session, tiny_cache, s3_bucket, mirror):
+    from rayb.data.pipeline import prepare_data
+    from rayb.study import parse_study
+
+    spec = parse_study(tiny_study_dict()).data
+    remote = prepare_data(spec, f"s3://{s3_bucket}/out/cache")
+    # Same data key: where the output lives changes no hash.
+    assert remote.manifest["key"] == tiny_cache.manifest["key"] and storage.is_remote(remote.path)
+    assert np.array_equal(remote.train, tiny_cache.train) and np.array_equal(remote.val, tiny_cache.val)
+    assert remote.held_out.documents == tiny_cache.held_out.documents
+    assert (remote.tokenizer_dir / "tokenizer.json").read_bytes() == (
+        tiny_cache.tokenizer_dir / "tokenizer.json"
+    ).read_bytes()
+    # The build happened in private scratch space, dropped once uploaded: only the mirror holds files.
+    assert not list(mirror.glob("writes-*/**/train.bin"))
+
+
+def test_a_cache_upload_cut_short_is_never_trusted(ray_session, tiny_cache, s3_bucket, mirror, monkeypatch):
+    """The driver dies while it uploads a cache: everything but the manifest is on the store. A rerun must
+    rebuild it rather than read a cache that may be missing its last files."""
+    from rayb.data.pipeline import prepare_data
+    from rayb.study import parse_study
+
+    spec = parse_study(tiny_study_dict()).data
+    root = f"s3://{s3_bucket}/out/cache"
+    real_push = storage.push
+
+    def dies_before_the_manifest(location, *, last=(), keep=False):
+        for file in sorted(storage.writable(location).rglob("*")):
+            if file.is_file() and file.name not in last:
+                rel = file.relative_to(storage.writable(location)).as_posix()
+                storage.write_bytes(storage.join(location, rel), file.read_bytes())
+        raise KeyboardInterrupt  # killed here: the manifest never went up
+
+    monkeypatch.setattr(storage, "push", dies_before_the_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(spec, root)
+    cache_dir = storage.join(root, "data", tiny_cache.manifest["key"])
+    assert storage.exists(storage.join(cache_dir, "train.bin"))
+    assert not storage.exists(storage.join(cache_dir, MANIFEST))
+    monkeypatch.setattr(storage, "push", real_push)
+    rebuilt = prepare_data(spec, root)
+    assert np.array_equal(TokenCache(rebuilt.path).train, tiny_cache.train)
