@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
@@ -70,7 +70,9 @@ def prepare_data(spec: DataSpec, cache_root: Path | str) -> TokenCache:
         return TokenCache(storage.local(out) if not storage.is_remote(out) else out)
 
     started = time.perf_counter()
-    units = [list_units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
+    units = [Units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
+    for source in units:  # the first shard of each is checked before anything is built
+        bool(source)
     tokenizer_dir = _tokenizer(spec, resolved, work_root)
     build = storage.writable(out)
     with atomic_directory(build) as scratch:
@@ -142,10 +144,25 @@ def _sample_texts(source: ResolvedSource, column: str, max_chars: int, rule: Hel
 
 
 def _documents(source: ResolvedSource, column: str):
-    """Every document of a source, in order (plain pyarrow: no Ray needed)."""
-    dataset = pads.dataset(source.paths, format="parquet", filesystem=source.filesystem)
-    for batch in dataset.to_batches(columns={"text": pc.field(*column.split("."))}, batch_size=512):
-        yield from batch.column(0).to_pylist()
+    """Every document of a source, in order, shard by shard as they are read (plain pyarrow: no Ray)."""
+    for path in source.paths:
+        shard = open_shard(path, source.filesystem, column)
+        for batch in shard.iter_batches(batch_size=512, columns=[column.split(".")[0]]):
+            yield from text_values(pa.Table.from_batches([batch]), column)
+
+
+def open_shard(path: str, filesystem, column: str) -> pq.ParquetFile:
+    """A parquet shard, checked: a corrupt file or a missing text column fails here, by name, instead of
+    as a remote task error halfway through tokenizing."""
+    try:
+        shard = pq.ParquetFile(path, filesystem=filesystem)
+    except (OSError, pa.ArrowException) as exc:
+        raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
+    if column not in _columns(shard.schema_arrow):
+        raise BadShard(
+            f"parquet shard {path} has no text column '{column}'; its columns: {_columns(shard.schema_arrow)}"
+        )
+    return shard
 
 
 def _held_out(spec: DataSpec, held_texts: list[list[str]], cache: TokenCache) -> held_out.HeldOut:
@@ -174,26 +191,37 @@ class Unit:
     row_group: int
 
 
-def list_units(index: int, source: ResolvedSource, column: str) -> list[Unit]:
-    """Every shard's row groups, in document order. Reading the
-    footers also checks each shard: a corrupt file or a missing column fails here, by name, instead of
-    as a remote task error halfway through tokenizing."""
-    units = []
-    for path in source.paths:
-        try:
-            shard = pq.ParquetFile(path, filesystem=source.filesystem)
-        except (OSError, pa.ArrowException) as exc:
-            raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
-        if column not in _columns(shard.schema_arrow):
-            raise BadShard(
-                f"parquet shard {path} has no text column '{column}'; its columns: {_columns(shard.schema_arrow)}"
-            )
-        units += [Unit(index, path, group) for group in range(shard.num_row_groups)]
-    return units
+class Units:
+    """A source's units in document order, its shards' footers read (and checked) only as units are
+    taken: a source of 10,000 shards whose token budget needs three opens three."""
+
+    def __init__(self, index: int, source: ResolvedSource, column: str):
+        self.index, self.source, self.column = index, source, column
+        self.shards_read = 0
+        self._paths = iter(source.paths)
+        self._ready: list[Unit] = []
+
+    def take(self, n: int) -> list[Unit]:
+        while len(self._ready) < n and self._open_next():
+            pass
+        taken, self._ready = self._ready[:n], self._ready[n:]
+        return taken
+
+    def __bool__(self) -> bool:  # units left
+        return bool(self._ready) or self._open_next()
+
+    def _open_next(self) -> bool:
+        path = next(self._paths, None)
+        if path is None:
+            return False
+        shard = open_shard(path, self.source.filesystem, self.column)
+        self.shards_read += 1
+        self._ready += [Unit(self.index, path, group) for group in range(shard.num_row_groups)]
+        return True
 
 
 def _write_rows(
-    spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path
+    spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tmp: Path
 ) -> tuple[dict, list[list[str]]]:
     """Tokenize, hold out, pack and place every source's rows in tasks; the driver sees token counts only.
     Returns the manifest and, per source, the files of held-out documents the tasks set aside."""
@@ -221,7 +249,7 @@ def _write_rows(
             at += n_rows
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab, here=True)
+    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab, free=True)
     manifest = {
         "format": CACHE_FORMAT_VERSION,
         "seq_len": spec.seq_len,
@@ -233,30 +261,33 @@ def _write_rows(
         "train_tokens": spec.train_rows * spec.seq_len,
         "held_out_probability": spec.held_out.probability,
         "sources": {
-            s.name: {"train_rows": t, "val_rows": v, "weight": s.weight}
-            for s, t, v in zip(spec.sources, rows["train"], rows["val"], strict=True)
+            s.name: {
+                "train_rows": t,
+                "val_rows": v,
+                "weight": s.weight,
+                "shards_read": u.shards_read,
+                "shards_present": len(u.source.paths),
+            }
+            for s, t, v, u in zip(spec.sources, rows["train"], rows["val"], units, strict=True)
         },  # fmt: skip
         "unigram_entropy_nats": unigram_entropy(sum(r["counts"] for r in written)),
     }
     return manifest, [[f"{u['stem']}-held.parquet" for u in source_units] for source_units in read]
 
 
-def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[list[Unit]], tmp: Path,
+def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tmp: Path,
                eos_id: int, dtype: str, rows: dict[str, list[int]]) -> list[list[dict]]:  # fmt: skip
     """Tokenize each source's units, in rounds, until its training and validation streams hold the rows
     its weight asks for; per source, the units read, in document order: {stem of their files, train and
     val tokens}. A source stops being read once it has enough, so a hub-sized source costs only the tokens
     the budget asks for."""
     (tmp / STREAM_DIR).mkdir()
-    pending = list(units)
     need = [{split: rows[split][i] * spec.seq_len for split in SPLITS} for i in range(len(spec.sources))]
     done: list[list[dict]] = [[] for _ in spec.sources]
-    while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and pending[i]]:
+    while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and units[i]]:
         batch = []
         for i in short:
-            take = _units_to_read(done[i], need[i], spec.held_out)
-            batch += pending[i][:take]
-            pending[i] = pending[i][take:]
+            batch += units[i].take(_units_to_read(done[i], need[i], spec.held_out))
         first = sum(map(len, done))  # units are numbered across rounds
         items = [{"unit": first + n, **asdict(u)} for n, u in enumerate(batch)]
         results = {int(r["unit"]): r for r in _in_tasks(
@@ -300,12 +331,6 @@ def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule) ->
     share = {"train": 1 - rule.probability, "val": rule.probability}
     per_unit = {split: max(_tokens(read, split) or share[split] * total, 1) / len(read) for split in SPLITS}
     return math.ceil(1.25 * max(missing / per_unit[split] for split, missing in _missing(read, need).items()))
-
-
-def _cores() -> int:
-    from rayb.runtime import compute_cores
-
-    return compute_cores(False)
 
 
 @functools.lru_cache(maxsize=4)
@@ -358,19 +383,34 @@ def _write_stretch(
     return {"counts": counts}
 
 
-def _in_tasks(fn, items: list[dict], *args, here: bool = False) -> list[dict]:
-    """Run `fn` over the items in Ray Data tasks, one item per task, up to a task per core; return the
-    results, in no particular order. `here` keeps the tasks on the driver's node and asks no CPU of it
-    (a head may have none): they write into one file, which only one node may do safely (two NFS
-    clients writing the same page would undo each other's bytes)."""
+def _driver_node_cpus() -> int:
+    """The CPUs the driver's node declares to Ray (0 for a head kept free of work)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    return int(next(n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node))
+
+
+def _cores() -> int:
+    """Tasks the cache build runs at once: one per CPU of the driver's node (its real cores, where it
+    declares none)."""
+    return _driver_node_cpus() or os.cpu_count() or 1
+
+
+def _in_tasks(fn, items: list[dict], *args, free: bool = False) -> list[dict]:
+    """Run `fn` over the items in Ray Data tasks, one item per task, up to `_cores()` at once; return the
+    results, in no particular order. Every task runs on the driver's node: they read and write the
+    build's scratch files, which live on its disk (a task on another node would write where the driver
+    cannot read, or, over NFS, undo another node's bytes of the same file). `free` tasks ask no CPU (they
+    only write); so do all of them on a node that declares none."""
     import ray
     import ray.data
 
-    placement = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}, "num_cpus": 0}
     dataset = ray.data.from_items(items, override_num_blocks=len(items)).map(
         fn,
         fn_args=args,
         compute=ray.data.TaskPoolStrategy(size=max(1, min(len(items), _cores()))),
-        **(placement if here else {}),
+        label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
+        num_cpus=0 if free or not _driver_node_cpus() else 1,
     )
     return list(dataset.iter_rows())
