@@ -13,7 +13,6 @@ from rayb.files import digest
 from rayb.train.trainer import fit_pack
 from rayb.train.trial import TrialPack
 
-
 # A trial's Tune actor only waits on its TorchTrainer: it holds no CPU, so a trial takes exactly its
 # workers' resources and the slots computed from them (packs.trial_slots) are all usable. Tune refuses
 # an actor that asks for nothing at all; what it does use is memory, about this much (a Python process
@@ -21,13 +20,25 @@ from rayb.train.trial import TrialPack
 DRIVER_RESOURCES = {"CPU": 0, "memory": 512 * 2**20}
 
 
+# A pack whose Tune actor is lost with its node is started again: its Train run resumes from its last
+# checkpoint on storage, and the pack's finished trials are skipped.
+PACK_RESTARTS = 3
+
+
 def _trainable(config: dict) -> None:
-    # No metrics are reported to Tune: each trial writes its own (and Tune's handling of every report
-    # cost seconds per pack).
-    fit_pack(TrialPack.from_dict(config["pack"]))
+    """Train a pack. No metrics are reported to Tune (each trial writes its own, and Tune's handling of
+    every report cost seconds per pack), except a failed run's error: a failure Ray Train has already
+    retried is final, so it ends the Tune trial normally instead of raising, which Tune would retry."""
+    from ray import tune
+    from ray.train import TrainingFailedError
+
+    try:
+        fit_pack(TrialPack.from_dict(config["pack"]))
+    except TrainingFailedError as exc:
+        tune.report({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -> dict[str, str]:
+def run_packs(packs: list[TrialPack], storage_path: Path | str, max_concurrent: int) -> dict[str, str]:
     """Train the packs' unfinished trials; return {trial key: error message} for those that failed."""
     import os
 
@@ -54,13 +65,15 @@ def run_packs(packs: list[TrialPack], storage_path: Path, max_concurrent: int) -
             storage_path=str(storage_path),
             verbose=0,
             callbacks=[NoProgress()],
+            failure_config=tune.FailureConfig(max_failures=PACK_RESTARTS),
         ),
     )
     errors = {}
     for result in tuner.fit():
-        if result.error is not None:  # the pack stopped: its unfinished trials failed with it
+        error = (result.metrics or {}).get("error")
+        if result.error is not None:
+            error = f"{type(result.error).__name__}: {result.error}"
+        if error:  # the pack stopped: its unfinished trials failed with it
             pack = TrialPack.from_dict(result.config["pack"])
-            errors |= {
-                t.key: f"{type(result.error).__name__}: {result.error}" for t in pack.trials if not t.done
-            }
+            errors |= {t.key: error for t in pack.trials if not t.done}
     return errors

@@ -1,0 +1,129 @@
+"""Ray clusters of several nodes on this machine, as a user starts them: `ray start --head`, then
+`ray start --address=...` per extra node, each node with its own temp directory, working directory and
+environment, every port a free one (the suite's own Ray runs beside them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import free_port
+
+NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
+              "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
+HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port", *NODE_PORTS)
+
+
+@dataclass
+class Node:
+    process: subprocess.Popen
+    temp_dir: Path  # Ray's files for this node (short: Ray's socket paths have a length limit)
+    workdir: Path  # the directory the node was started in
+    id: str = ""  # Ray's node id
+
+    def kill(self) -> None:
+        """Lose this node as a crashed machine is lost: its raylet killed at once, then every other
+        process of it (those that name its temp directory, and their children), with no chance to drain."""
+        import psutil
+
+        named = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(self.temp_dir) in " ".join(p.info["cmdline"] or [])
+        ]
+        family = {p.pid: p for p in named}
+        for proc in [*named, psutil.Process(self.process.pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family |= {child.pid: child for child in proc.children(recursive=True)}
+        raylet_first = sorted(family.values(), key=lambda p: "raylet/raylet" not in " ".join(_cmdline(p)))
+        for proc in raylet_first:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.process.kill()
+        self.process.wait()
+
+
+def _cmdline(proc) -> list[str]:
+    import psutil
+
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+@dataclass
+class LocalCluster:
+    env: dict[str, str]  # every node's environment (credentials, endpoints)
+    root: Path
+    nodes: list[Node] = field(default_factory=list)
+    address: str = ""  # the dashboard's, for `ray job submit`
+    gcs: str = ""  # the head's, for `ray start --address`
+
+    def start_head(self, num_cpus: int) -> Node:
+        ports = {flag: free_port() for flag in HEAD_PORTS}
+        node = self._start(
+            ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"], num_cpus, ports
+        )
+        self.address, self.gcs = f"http://127.0.0.1:{ports['dashboard-port']}", f"127.0.0.1:{ports['port']}"
+        # Ready means a job runs: the job API answers before the head's job agent is up.
+        probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]
+        deadline = time.time() + 180
+        while subprocess.run(probe, capture_output=True, env=self._env(node)).returncode:
+            assert node.process.poll() is None and time.time() < deadline, "head node did not come up"
+            time.sleep(2)
+        (node.id,) = self.alive_nodes()
+        return node
+
+    def add_node(self, num_cpus: int) -> Node:
+        """A node joining the running cluster, as an autoscaler would add one; returns once Ray counts it."""
+        before = set(self.alive_nodes())
+        node = self._start([f"--address={self.gcs}"], num_cpus, {flag: free_port() for flag in NODE_PORTS})
+        deadline = time.time() + 120
+        while not (new := set(self.alive_nodes()) - before):
+            assert node.process.poll() is None and time.time() < deadline, "node did not join"
+            time.sleep(1)
+        (node.id,) = new
+        return node
+
+    def alive_nodes(self) -> list[str]:
+        from ray.util.state import list_nodes
+
+        return [n.node_id for n in list_nodes(address=self.address) if n.state == "ALIVE"]
+
+    def actors_on(self, node: Node, class_name: str) -> list:
+        """The actors of a class that ran on a node, alive or gone."""
+        from ray.util.state import list_actors
+
+        actors = list_actors(address=self.address, filters=[("class_name", "=", class_name)], limit=10_000)
+        return [a for a in actors if a.node_id == node.id]
+
+    def stop(self) -> None:
+        """Kill every node (a graceful `ray stop` drains for half a minute per node) and drop its files."""
+        for node in reversed(self.nodes):
+            node.kill()
+            shutil.rmtree(node.temp_dir, ignore_errors=True)
+
+    def _start(self, args: list[str], num_cpus: int, ports: dict[str, int]) -> Node:
+        index = len(self.nodes)
+        temp_dir = Path(tempfile.mkdtemp(prefix=f"rb{index}", dir="/tmp"))
+        workdir = self.root / f"node{index}"
+        workdir.mkdir(parents=True)
+        node = Node(None, temp_dir, workdir)  # type: ignore[arg-type]
+        node.process = subprocess.Popen(
+            ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
+             *(f"--{flag}={port}" for flag, port in ports.items())],
+            cwd=workdir, env=self._env(node), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.nodes.append(node)
+        return node
+
+    def _env(self, node: Node) -> dict[str, str]:
+        # Each node keeps its own mirror of object storage inside its own temp directory.
+        return os.environ | self.env | {"RAYB_MIRROR": str(node.temp_dir / "rayb-mirror")}
