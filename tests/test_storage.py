@@ -70,6 +70,16 @@ def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(ray_session, tiny_cache,
     remote = prepare_data(spec, f"s3://{s3_bucket}/out/cache")
     # Same data key: where the output lives changes no hash.
     assert remote.manifest["key"] == tiny_cache.manifest["key"] and storage.is_remote(remote.path)
+    # A worker reads its own rows by byte range, for any worker count, past the first epoch: the very rows
+    # of the local cache, without downloading train.bin.
+    epochs = 3 * tiny_cache.batches_per_epoch(8)
+    for world, micro_batch in ((1, 4), (2, 2), (4, 1)):
+        for step in range(epochs):
+            for rank in range(world):
+                for micro in range(8 // (micro_batch * world)):
+                    args = (step, micro, rank, world, 8, micro_batch)
+                    assert np.array_equal(remote.micro_batch(*args), tiny_cache.micro_batch(*args))
+    assert not list(mirror.rglob("train.bin"))
     assert np.array_equal(remote.train, tiny_cache.train) and np.array_equal(remote.val, tiny_cache.val)
     assert remote.held_out.documents == tiny_cache.held_out.documents
     assert (remote.tokenizer_dir / "tokenizer.json").read_bytes() == (

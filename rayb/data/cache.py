@@ -7,8 +7,10 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
                     sample, split.py) packed in order, source after source, in the training mix
     held_out/       the text behind the validation rows, and the UTF-8 bytes each row scores (held_out.py)
 
-On object storage (rayb/storage.py), each process fetches the files it opens into its node's mirror the
-first time (a worker: the manifest, tokenizer and train.bin; the driver: the manifest and tokenizer only).
+On object storage (rayb/storage.py) a Train worker reads its own rows of each batch from train.bin by byte
+range, the next READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads the
+whole file; the other files a process opens (manifest, tokenizer, val.bin, the held-out record) are fetched
+into its node's mirror the first time.
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
@@ -72,8 +74,21 @@ class TokenCache:
 
     def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
         """Rows of optimizer step `step` that worker `rank` trains on in its `micro`-th micro-step."""
-        batch = epoch_batch(step, self.batches_per_epoch(global_batch), self.data_seed)
-        return self.train[micro_batch_rows(batch, micro, rank, world, global_batch, micro_batch)]
+
+        def first_row(step: int, micro: int) -> int:
+            batch = epoch_batch(step, self.batches_per_epoch(global_batch), self.data_seed)
+            return int(micro_batch_rows(batch, micro, rank, world, global_batch, micro_batch)[0])
+
+        first = first_row(step, micro)
+        if not storage.is_remote(self.path):
+            return self.train[first : first + micro_batch]
+        micros = global_batch // (micro_batch * world)  # micro-steps per optimizer step
+        later = (divmod(step * micros + micro + k, micros) for k in range(1, READ_AHEAD + 1))
+        return self._ranged.read(first, micro_batch, ahead=[first_row(s, m) for s, m in later])
+
+    @cached_property
+    def _ranged(self) -> RangedRows:
+        return RangedRows(storage.join(self.path, "train.bin"), self.manifest["dtype"], self.seq_len)
 
     def batches_per_epoch(self, global_batch: int) -> int:
         return batches_per_epoch(self.manifest["train_rows"], global_batch)
@@ -82,6 +97,37 @@ class TokenCache:
     def data_seed(self) -> int:
         """Seeds later epochs' batch order: a function of the data alone, so every model shares it."""
         return int(self.manifest["key"][:8], 16)
+
+
+READ_AHEAD = 8  # micro-batches read ahead of the one training, from a cache on object storage
+
+
+class RangedRows:
+    """Rows of a token file on object storage, read by byte range (a micro-batch's rows are contiguous):
+    a worker reads only its own rows, never the whole file, and the rows it will want next are read in
+    the background while it trains, so a step waits on storage only when storage falls behind."""
+
+    def __init__(self, location: str, dtype: str, seq_len: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        fs, path = storage.filesystem(location)
+        self.file = fs.open_input_file(path)  # read_at never moves a position: threads share it
+        self.dtype, self.seq_len = np.dtype(dtype), seq_len
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rayb-rows")
+        self.pending: dict[tuple[int, int], object] = {}  # (first row, rows) -> Future
+
+    def read(self, first: int, rows: int, ahead: list[int] = ()) -> np.ndarray:
+        """Rows [first, first + rows); then start reading the same number of rows at each of `ahead`."""
+        wanted = self.pending.pop((first, rows), None) or self.pool.submit(self._read, first, rows)
+        for start in ahead:
+            if (start, rows) not in self.pending:
+                self.pending[(start, rows)] = self.pool.submit(self._read, start, rows)
+        return wanted.result()
+
+    def _read(self, first: int, rows: int) -> np.ndarray:
+        row_bytes = self.seq_len * self.dtype.itemsize
+        data = self.file.read_at(rows * row_bytes, first * row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(rows, self.seq_len)
 
 
 def batches_per_epoch(train_rows: int, global_batch: int) -> int:
