@@ -27,3 +27,24 @@ def nan_after(config: dict, vocab_size: int, seq_len: int) -> torch.nn.Module:
     config = dict(config)
     nan_at = config.pop("nan_at")
     return _NanAfter(build_model("gpt2", config, vocab_size, seq_len), nan_at)
+
+
+class _RaisesAt(torch.nn.Module):
+    """A GPT-2 whose `raise_at`-th training forward pass raises, as a bug in a user's model would."""
+
+    def __init__(self, inner: torch.nn.Module, raise_at: int):
+        super().__init__()
+        self.inner, self.raise_at, self.calls = inner, raise_at, 0
+
+    def forward(self, input_ids):
+        if self.training:
+            self.calls += 1
+            if self.calls >= self.raise_at:
+                raise RuntimeError(f"injected failure at forward pass {self.calls}")
+        return self.inner(input_ids)
+
+
+def raises_at(config: dict, vocab_size: int, seq_len: int) -> torch.nn.Module:
+    config = dict(config)
+    raise_at = config.pop("raise_at")
+    return _RaisesAt(build_model("gpt2", config, vocab_size, seq_len), raise_at)

@@ -17,6 +17,7 @@ from conftest import free_port
 
 NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
               "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
+START_LOG = "ray-start.log"
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port", *NODE_PORTS)
 
 
@@ -26,6 +27,10 @@ class Node:
     temp_dir: Path  # Ray's files for this node (short: Ray's socket paths have a length limit)
     workdir: Path  # the directory the node was started in
     id: str = ""  # Ray's node id
+
+    def log(self) -> str:
+        """The end of what `ray start` printed (kept in the node's temp directory)."""
+        return (self.temp_dir / START_LOG).read_text()[-3000:]
 
     def kill(self) -> None:
         """Lose this node as a crashed machine is lost: its raylet killed at once, then every other
@@ -38,7 +43,7 @@ class Node:
             if str(self.temp_dir) in " ".join(p.info["cmdline"] or [])
         ]
         family = {p.pid: p for p in named}
-        for proc in [*named, psutil.Process(self.process.pid)]:
+        for proc in named + ([psutil.Process(self.process.pid)] if self.process.poll() is None else []):
             with contextlib.suppress(psutil.NoSuchProcess):
                 family |= {child.pid: child for child in proc.children(recursive=True)}
         raylet_first = sorted(family.values(), key=lambda p: "raylet/raylet" not in " ".join(_cmdline(p)))
@@ -76,7 +81,9 @@ class LocalCluster:
         probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]
         deadline = time.time() + 180
         while subprocess.run(probe, capture_output=True, env=self._env(node)).returncode:
-            assert node.process.poll() is None and time.time() < deadline, "head node did not come up"
+            assert node.process.poll() is None and time.time() < deadline, (
+                f"head did not come up: {node.log()}"
+            )
             time.sleep(2)
         (node.id,) = self.alive_nodes()
         return node
@@ -87,7 +94,7 @@ class LocalCluster:
         node = self._start([f"--address={self.gcs}"], num_cpus, {flag: free_port() for flag in NODE_PORTS})
         deadline = time.time() + 120
         while not (new := set(self.alive_nodes()) - before):
-            assert node.process.poll() is None and time.time() < deadline, "node did not join"
+            assert node.process.poll() is None and time.time() < deadline, f"node did not join: {node.log()}"
             time.sleep(1)
         (node.id,) = new
         return node
@@ -116,11 +123,12 @@ class LocalCluster:
         workdir = self.root / f"node{index}"
         workdir.mkdir(parents=True)
         node = Node(None, temp_dir, workdir)  # type: ignore[arg-type]
-        node.process = subprocess.Popen(
-            ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
-             *(f"--{flag}={port}" for flag, port in ports.items())],
-            cwd=workdir, env=self._env(node), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        with (temp_dir / START_LOG).open("w") as log:
+            node.process = subprocess.Popen(
+                ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
+                 *(f"--{flag}={port}" for flag, port in ports.items())],
+                cwd=workdir, env=self._env(node), stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         self.nodes.append(node)
         return node
 

@@ -15,7 +15,7 @@ from rayb.files import write_json_atomic
 from rayb.report.status import status_table, study_status, write_trials
 from rayb.train.loop import METRICS
 from rayb.train.spec import TrainSpec
-from rayb.train.trial import TRAIN_DONE, TrialSpec
+from rayb.train.trial import TRAIN_DONE, TRIAL_ERROR, TrialSpec
 
 STEPS = 10
 
@@ -77,3 +77,11 @@ def test_the_cli_reads_an_output_directory_or_names_what_is_missing(study_dir, t
     assert "evaluation" in result.output and "0/2" in result.output
     missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")], env={"COLUMNS": "200"})
     assert missing.exit_code == 2 and "trials.json does not exist" in missing.output
+
+
+def test_a_trial_whose_training_raised_is_failed_with_its_traceback_named(study_dir, tmp_path):
+    running = Path(tmp_path / "trials" / "gpt2-1")
+    (running / TRIAL_ERROR).write_text("Traceback ...\nRuntimeError: boom\n")
+    status = study_status(study_dir)
+    assert status.trials[1].state == "failed" and status.trials[1].error == str(running / TRIAL_ERROR)
+    assert f"gpt2 seed 1: traceback in {running / TRIAL_ERROR}" in status_table(status).caption

@@ -67,7 +67,10 @@ def _lines(study_dir: Path | str, console: Console, stop: threading.Event) -> No
         for t in status.trials:
             if states.get((t.model, t.lr, t.seed), "queued") != t.state:
                 states[(t.model, t.lr, t.seed)] = t.state
-                console.print(f"rayb trial {t.model} seed {t.seed} lr {t.lr:.3g}: {t.state}", highlight=False)
+                where = f" (traceback: {t.error})" if t.error else ""
+                console.print(
+                    f"rayb trial {t.model} seed {t.seed} lr {t.lr:.3g}: {t.state}{where}", highlight=False
+                )
                 said = time.monotonic()
         if time.monotonic() - said >= HEARTBEAT_S:
             counts = [t.state for t in status.trials]

@@ -20,7 +20,7 @@ from rayb import storage
 from rayb.eval.actors import read_result
 from rayb.files import read_json
 from rayb.train.loop import METRICS
-from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
+from rayb.train.trial import TRAIN_DONE, TRIAL_ERROR, TrialSpec, read_metrics
 
 TRIALS_NAME = "trials.json"
 RECENT_STEPS = 10  # the steps whose mean time gives a running trial's ETA
@@ -37,6 +37,7 @@ class TrialStatus:
     tokens_per_s: float | None
     eta_s: float | None  # at the recent steps' pace; None unless running
     state: str  # queued, running, resumed, done, diverged or failed
+    error: str | None = None  # where a failed trial's traceback is
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,12 @@ def _trial_status(trial: TrialSpec) -> TrialStatus:
     train = [r for r in log if r["kind"] == "train"]
     last: dict[str, Any] = train[-1] if train else {}
     step = int(result.get("steps", last.get("step", 0)))
+    error = storage.join(trial.trial_dir, TRIAL_ERROR)
+    error = error if not result and storage.exists(error) else None
     if result:
         state = {"ok": "done", "diverged": "diverged"}.get(result.get("status"), "failed")
+    elif error:
+        state = "failed"
     else:
         resumed = any(r["kind"] == "resume" for r in log)
         state = "queued" if not train else ("resumed" if resumed else "running")
@@ -109,6 +114,7 @@ def _trial_status(trial: TrialSpec) -> TrialStatus:
         last.get("tokens_per_s"),
         eta,
         state,
+        error,
     )
 
 
@@ -128,6 +134,8 @@ def status_table(status: StudyStatus) -> Table:
         "evaluation", "", "", f"{status.evaluations_done}/{status.evaluations_total}", "", "", "",
         "done" if status.finished else "jobs done / total",
     )  # fmt: skip
+    failed = [f"{t.model} seed {t.seed}: traceback in {t.error}" for t in status.trials if t.error]
+    table.caption = "\n".join(failed) or None
     return table
 
 

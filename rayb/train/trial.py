@@ -13,6 +13,7 @@ from rayb.files import digest
 from rayb.train.spec import TrainSpec
 
 TRAIN_DONE = "train_result.json"  # written last by the training loop: its presence means "trained"
+TRIAL_ERROR = "error.txt"  # the traceback of a trial whose training failed (cleared when it trains again)
 
 
 @dataclass(frozen=True)

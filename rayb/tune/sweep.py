@@ -7,11 +7,13 @@ the pack's trials one after another. Results are not taken from Tune: every tria
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
+from rayb import storage
 from rayb.files import digest
 from rayb.train.trainer import fit_pack
-from rayb.train.trial import TrialPack
+from rayb.train.trial import TRIAL_ERROR, TrialPack
 
 # A trial's Tune actor only waits on its TorchTrainer: it holds no CPU, so a trial takes exactly its
 # workers' resources and the slots computed from them (packs.trial_slots) are all usable. Tune refuses
@@ -35,11 +37,12 @@ def _trainable(config: dict) -> None:
     try:
         fit_pack(TrialPack.from_dict(config["pack"]))
     except TrainingFailedError as exc:
-        tune.report({"error": f"{type(exc).__name__}: {exc}"})
+        tune.report({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
 
 
 def run_packs(packs: list[TrialPack], storage_path: Path | str, max_concurrent: int) -> dict[str, str]:
-    """Train the packs' unfinished trials; return {trial key: error message} for those that failed."""
+    """Train the packs' unfinished trials; return {trial key: error message} for those that failed, whose
+    full traceback each failed trial's directory keeps (TRIAL_ERROR, for `rayb status` and the live view)."""
     import os
 
     from ray import tune
@@ -68,12 +71,17 @@ def run_packs(packs: list[TrialPack], storage_path: Path | str, max_concurrent: 
             failure_config=tune.FailureConfig(max_failures=PACK_RESTARTS),
         ),
     )
+    for trial in (t for p in packs for t in p.pending):  # an earlier run's failure no longer stands
+        storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
     errors = {}
     for result in tuner.fit():
-        error = (result.metrics or {}).get("error")
+        error, trace = (result.metrics or {}).get("error"), (result.metrics or {}).get("traceback")
         if result.error is not None:
             error = f"{type(result.error).__name__}: {result.error}"
+            trace = "".join(traceback.format_exception(result.error))
         if error:  # the pack stopped: its unfinished trials failed with it
-            pack = TrialPack.from_dict(result.config["pack"])
-            errors |= {t.key: error for t in pack.trials if not t.done}
+            for trial in TrialPack.from_dict(result.config["pack"]).pending:
+                where = storage.join(trial.trial_dir, TRIAL_ERROR)
+                storage.write_bytes(where, (trace or error).encode())
+                errors[trial.key] = f"{error.splitlines()[0]} (traceback: {where})"
     return errors
