@@ -1,6 +1,7 @@
 """A study, end to end: data → trials (Tune + Train + DeepSpeed) → eval actors → results → verdict.
 
-Every step reads and writes hash-keyed paths under the output directory:
+Every step reads and writes hash-keyed paths under the output directory (a local directory, or a URI on
+object storage: rayb/storage.py):
     cache/data/<data key>/            packed tokens + tokenizer (shared by studies with equal data)
     trials/<model>-<trial key>/       metrics.jsonl, train_result.json, model/, eval/<suite>-<hash>.json
     studies/<name>-<study hash>/      results.parquet, provenance.json, report.md/.html, results.json, *.png
