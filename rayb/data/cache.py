@@ -40,7 +40,11 @@ class TokenCache:
 
     @cached_property
     def manifest(self) -> dict:
-        return json.loads(storage.read_bytes(storage.join(self.path, MANIFEST)) or b"null")
+        location = storage.join(self.path, MANIFEST)
+        data = storage.read_bytes(location)
+        if data is None:  # as reading a missing local file always raised: no manifest, no finished cache
+            raise FileNotFoundError(f"{location} does not exist: this token cache was never finished")
+        return json.loads(data)
 
     @property
     def seq_len(self) -> int:
