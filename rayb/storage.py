@@ -79,11 +79,12 @@ def local(location: str | Path) -> Path:
 def _filesystem(scheme: str, netloc: str):
     """A pyarrow filesystem for a URI's scheme and bucket: pyarrow's own (S3, GCS, HDFS), else fsspec's
     wrapped for pyarrow (Azure, HTTP, ...)."""
+    import pyarrow as pa
     import pyarrow.fs as pafs
 
     try:
         return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")[0]
-    except (pafs.ArrowInvalid, ValueError):
+    except (pa.ArrowInvalid, ValueError):
         import fsspec
 
         return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme)))

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -129,12 +130,15 @@ def s3_bucket(s3_server, monkeypatch, request):
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def ray_session(s3_server):
+    """The suite's one local Ray. Its processes reach the loopback S3 server as a cluster's nodes reach
+    their store: through credentials in their environment (this process's own stays untouched)."""
     import ray
 
     from rayb import runtime
 
-    runtime.init_ray()
+    with mock.patch.dict(os.environ, s3_server):
+        runtime.init_ray()
     yield
     ray.shutdown()
 

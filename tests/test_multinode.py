@@ -1,5 +1,6 @@
-"""Two nodes that share no directory, and a study whose output is on S3 (a real S3 server on the
-loopback): every file a study writes reaches the store, a report is rebuilt from the store alone, and a
+"""Two nodes that share no directory, and a study whose data and output are on S3 (a real S3 server on the
+loopback): tasks on both nodes build the token cache on the store, every file a study writes reaches the
+store, a report is rebuilt from the store alone, and a
 node lost mid-trial costs nothing but time: its trial resumes from its checkpoint on the store, on a
 node added while the study runs, to the loss curve of an uninterrupted run."""
 
@@ -19,6 +20,7 @@ from conftest import tiny_study_dict
 from local_cluster import LocalCluster
 
 from rayb import storage
+from rayb.data.corpus import write_corpus
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
 
@@ -48,18 +50,31 @@ def cluster(s3_bucket, s3_server, tmp_path):
     cluster.stop()
 
 
-def _study() -> dict:
+def _corpus_on_s3(bucket: str, tmp_path: Path) -> str:
+    """The tiny study's two generated sources as parquet shards on the store, where every node reads them."""
+    root = f"s3://{bucket}/corpus"
+    for source in ("edu", "web"):
+        for shard in write_corpus(
+            tmp_path / "corpus" / source, source, n_docs=300, seed=0, docs_per_shard=60
+        ):
+            storage.write_bytes(storage.join(root, source, shard.name), shard.read_bytes())
+    return root
+
+
+def _study(corpus: str) -> dict:
     """Two models, one seed: a trial per node. Long enough (480 steps, a checkpoint every 24) that once a
     node is lost, the other stays busy until a new node has joined and taken the lost node's trial."""
     raw = tiny_study_dict(name="twonodes", seeds=[0])
+    for source in raw["data"]["sources"]:
+        source["uri"] = storage.join(corpus, source["name"])
     raw["data"] |= {"token_budget": 32 * 8 * STEPS, "seed": 7}
     raw["train"] |= {"eval_every": 24}
     return raw
 
 
-def _submit(cluster: LocalCluster, tmp_path: Path, output: str) -> subprocess.Popen:
+def _submit(cluster: LocalCluster, tmp_path: Path, output: str, corpus: str) -> subprocess.Popen:
     study_file = tmp_path / "study.yaml"
-    study_file.write_text(yaml.safe_dump(_study()))
+    study_file.write_text(yaml.safe_dump(_study(corpus)))
     return subprocess.Popen(
         [str(REPO / "jobs" / "submit_study.sh"), str(study_file), output],
         env=os.environ | cluster.env | {"RAY_ADDRESS": cluster.address},
@@ -131,10 +146,15 @@ def _mtime(path: Path) -> float:
 
 
 def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, tmp_path):
+    corpus = _corpus_on_s3(s3_bucket, tmp_path)
     began = time.time()
-    # 1. An uninterrupted run, its output on S3 alone.
+    # 1. An uninterrupted run, its output on S3 alone, its data on S3 too.
     reference = f"s3://{s3_bucket}/reference"
-    _finished(_submit(cluster, tmp_path, reference))
+    _finished(_submit(cluster, tmp_path, reference, corpus))
+    # The token cache was built by tasks on both nodes, each writing its part straight to the store.
+    (key,) = storage.listdir(storage.join(reference, "cache", "data"))
+    manifest = json.loads(storage.read_bytes(storage.join(reference, "cache", "data", key, "manifest.json")))
+    assert manifest["build_nodes"] == 2
     trials = _trials(reference)
     assert len(trials) == 2 and all(storage.is_remote(t.trial_dir) for t in trials)
     for trial in trials:
@@ -165,7 +185,7 @@ def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, 
     # and a third node joins. The lost node's trial waits for a CPU, starts on the new node, and resumes.
     lost = cluster.nodes[1]
     killed = f"s3://{s3_bucket}/killed"
-    job = _submit(cluster, tmp_path, killed)
+    job = _submit(cluster, tmp_path, killed, corpus)
     deadline = time.time() + 600
     while not (storage.exists(storage.join(killed, "ray", "train")) and len(steps := _registered_steps(killed)) == 2
                and min(steps) >= 24):  # fmt: skip

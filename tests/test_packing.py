@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rayb.data.cache import micro_batch_rows, row_digest, unigram_entropy
-from rayb.data.packing import row_blocks, split_rows
+from rayb.data.packing import pieces_by_shard, row_blocks, split_rows
 from rayb.train.schedule import lr_multiplier
 
 
@@ -47,6 +47,35 @@ def test_row_blocks_give_whole_rows_as_one_block_and_shared_rows_in_parts():
         (0, 10, (1, 6)), (1, 0, (2, 16)), (3, 0, (1, 2)),
     ]  # fmt: skip
     assert list(row_blocks(np.arange(0), offset=5, seq_len=16)) == []
+
+
+@pytest.mark.parametrize("shard_rows", [1, 5, 7, 1000])
+def test_shards_assembled_from_their_pieces_are_the_shuffled_rows(shard_rows):
+    """Each shard built only from the pieces labelled with it, as one task per shard builds it, holds the
+    stream's rows at their shuffled slots, for any shard size and however the stream was cut."""
+    docs, seq_len = _docs(60, seed=1), 16
+    stream = _stream(docs)
+    rows = len(stream) // seq_len
+    slots = np.random.default_rng(3).permutation(rows)
+    shards = [np.full((min(shard_rows, rows - k), seq_len), -1) for k in range(0, rows, shard_rows)]
+    offset = 0
+    for stretch in (_stream(docs[i : i + 4]) for i in range(0, len(docs), 4)):
+        stretch = stretch[: max(0, rows * seq_len - offset)]
+        for shard, column, at, block in pieces_by_shard(stretch, offset, seq_len, 0, slots, shard_rows):
+            assert 0 <= at.min() and at.max() < len(shards[shard])
+            shards[shard][at, column : column + block.shape[1]] = block
+        offset += len(stretch)
+    expected = np.empty((rows, seq_len), dtype=stream.dtype)
+    expected[slots] = stream[: rows * seq_len].reshape(rows, seq_len)
+    np.testing.assert_array_equal(np.concatenate(shards), expected)
+
+
+def test_pieces_of_rows_kept_in_order_start_at_the_sources_first_row():
+    """Validation rows are not shuffled: a source's stream fills the split from its first row on."""
+    pieces = list(pieces_by_shard(np.arange(40), offset=0, seq_len=16, first_row=3, slots=None, shard_rows=4))
+    assert [(shard, column, list(at), block.shape) for shard, column, at, block in pieces] == [
+        (0, 0, [3], (1, 16)), (1, 0, [0], (1, 16)), (1, 0, [1], (1, 8)),
+    ]  # fmt: skip
 
 
 def test_split_rows_is_exact():

@@ -62,16 +62,24 @@ def test_a_pushed_tree_is_fetched_once_and_again_only_when_it_changed(root):
     assert storage.fetch(storage.join(location, "weights.bin")).read_bytes() == b"v" * 999
 
 
-def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(ray_session, tiny_cache, s3_bucket, mirror):
-    from rayb.data.pipeline import prepare_data
+def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(
+    ray_session, tiny_cache, s3_bucket, mirror, monkeypatch
+):
+    from rayb.data import pipeline
     from rayb.study import parse_study
 
     spec = parse_study(tiny_study_dict()).data
-    remote = prepare_data(spec, f"s3://{s3_bucket}/out/cache")
+    # Shards of 7 rows: training rows in many objects, each written whole by its own task.
+    monkeypatch.setattr(pipeline, "SHARD_BYTES", 7 * spec.seq_len * 2)
+    remote = pipeline.prepare_data(spec, f"s3://{s3_bucket}/out/cache")
     # Same data key: where the output lives changes no hash.
     assert remote.manifest["key"] == tiny_cache.manifest["key"] and storage.is_remote(remote.path)
+    assert remote.manifest["train_shard_rows"] == 7 and "train_shard_rows" not in tiny_cache.manifest
+    files = storage.listdir(remote.path)
+    assert "train-00000.bin" in files and "train.bin" not in files and "val.bin" in files
+    assert pipeline.STREAM_DIR not in files  # the tokenized streams are gone once the rows are placed
     # A worker reads its own rows by byte range, for any worker count, past the first epoch: the very rows
-    # of the local cache, without downloading train.bin.
+    # of the local cache, across shard boundaries, without downloading any shard.
     epochs = 3 * tiny_cache.batches_per_epoch(8)
     for world, micro_batch in ((1, 4), (2, 2), (4, 1)):
         for step in range(epochs):
@@ -79,7 +87,7 @@ def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(ray_session, tiny_cache,
                 for micro in range(8 // (micro_batch * world)):
                     args = (step, micro, rank, world, 8, micro_batch)
                     assert np.array_equal(remote.micro_batch(*args), tiny_cache.micro_batch(*args))
-    assert not list(mirror.rglob("train.bin"))
+    assert not list(mirror.rglob("train*.bin"))
     assert np.array_equal(remote.train, tiny_cache.train) and np.array_equal(remote.val, tiny_cache.val)
     assert remote.held_out.documents == tiny_cache.held_out.documents
     assert (remote.tokenizer_dir / "tokenizer.json").read_bytes() == (

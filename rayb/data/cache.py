@@ -7,10 +7,12 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
                     sample, split.py) packed in order, source after source, in the training mix
     held_out/       the text behind the validation rows, and the UTF-8 bytes each row scores (held_out.py)
 
-On object storage (rayb/storage.py) a Train worker reads its own rows of each batch from train.bin by byte
-range, the next READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads the
-whole file; the other files a process opens (manifest, tokenizer, val.bin, the held-out record) are fetched
-into its node's mirror the first time.
+On object storage (rayb/storage.py) the training rows larger than one shard (SHARD_BYTES, pipeline.py) are
+shards, each written whole by its own task: train-00000.bin, train-00001.bin, ... of `train_shard_rows`
+rows each (in the manifest). A Train worker reads its own rows of each batch by byte range, the next
+READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads them; the other files a
+process opens (manifest, tokenizer, val.bin, the held-out record) are fetched into its node's mirror the
+first time.
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
@@ -21,6 +23,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -70,11 +74,27 @@ class TokenCache:
     def _open(self, split: str) -> np.ndarray:
         rows = self.manifest[f"{split}_rows"]
         return np.memmap(
-            storage.fetch(storage.join(self.path, f"{split}.bin")),
-            dtype=self.manifest["dtype"],
-            mode="r",
-            shape=(rows, self.seq_len),
+            self._fetch(split), dtype=self.manifest["dtype"], mode="r", shape=(rows, self.seq_len)
         )
+
+    def _fetch(self, split: str) -> Path:
+        """The local file of a split's rows: the file itself, or the node's mirror of it, its shards (if
+        the store holds it in shards) joined once."""
+        if split != "train" or "train_shard_rows" not in self.manifest:
+            return storage.fetch(storage.join(self.path, f"{split}.bin"))
+        joined = storage.local(storage.join(self.path, "train.bin"))
+        if not joined.exists():  # written beside, then renamed: a reader never sees part of it
+            joined.parent.mkdir(parents=True, exist_ok=True)
+            partial = joined.with_name(f".train.bin.{os.getpid()}.tmp")
+            with open(partial, "wb") as out:
+                for shard in self._shards():
+                    out.write(storage.read_bytes(shard))
+            os.replace(partial, joined)
+        return joined
+
+    def _shards(self) -> list[str]:
+        shards = math.ceil(self.manifest["train_rows"] / self.manifest["train_shard_rows"])
+        return [storage.join(self.path, shard_name("train", k, shards)) for k in range(shards)]
 
     def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
         """Rows of optimizer step `step` that worker `rank` trains on in its `micro`-th micro-step."""
@@ -92,7 +112,11 @@ class TokenCache:
 
     @cached_property
     def _ranged(self) -> RangedRows:
-        return RangedRows(storage.join(self.path, "train.bin"), self.manifest["dtype"], self.seq_len)
+        shard_rows = self.manifest.get("train_shard_rows", self.manifest["train_rows"])
+        shards = (
+            self._shards() if "train_shard_rows" in self.manifest else [storage.join(self.path, "train.bin")]
+        )
+        return RangedRows(shards, shard_rows, self.manifest["dtype"], self.seq_len)
 
     def batches_per_epoch(self, global_batch: int) -> int:
         return batches_per_epoch(self.manifest["train_rows"], global_batch)
@@ -106,16 +130,24 @@ class TokenCache:
 READ_AHEAD = 8  # micro-batches read ahead of the one training, from a cache on object storage
 
 
-class RangedRows:
-    """Rows of a token file on object storage, read by byte range (a micro-batch's rows are contiguous):
-    a worker reads only its own rows, never the whole file, and the rows it will want next are read in
-    the background while it trains, so a step waits on storage only when storage falls behind."""
+def shard_name(split: str, shard: int, shards: int) -> str:
+    """The file of a split's `shard`-th shard, of `shards`: the split's own file when it is whole."""
+    return f"{split}.bin" if shards == 1 else f"{split}-{shard:05d}.bin"
 
-    def __init__(self, location: str, dtype: str, seq_len: int):
+
+class RangedRows:
+    """Rows of a token file (in shards of `shard_rows` rows) on object storage, read by byte range (a
+    micro-batch's rows are contiguous): a worker reads only its own rows, never a whole file, and the rows
+    it will want next are read in the background while it trains, so a step waits on storage only when
+    storage falls behind."""
+
+    def __init__(self, shards: list[str], shard_rows: int, dtype: str, seq_len: int):
         from concurrent.futures import ThreadPoolExecutor
 
-        fs, path = storage.filesystem(location)
-        self.file = fs.open_input_file(path)  # read_at never moves a position: threads share it
+        self.shards, self.shard_rows = shards, shard_rows
+        self.files: dict[
+            int, object
+        ] = {}  # shard -> open file; read_at never moves a position: threads share it
         self.dtype, self.seq_len = np.dtype(dtype), seq_len
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rayb-rows")
         self.pending: dict[tuple[int, int], object] = {}  # (first row, rows) -> Future
@@ -129,9 +161,21 @@ class RangedRows:
         return wanted.result()
 
     def _read(self, first: int, rows: int) -> np.ndarray:
+        """Rows [first, first + rows), from the one or two shards that hold them."""
         row_bytes = self.seq_len * self.dtype.itemsize
-        data = self.file.read_at(rows * row_bytes, first * row_bytes)
-        return np.frombuffer(data, dtype=self.dtype).reshape(rows, self.seq_len)
+        parts = []
+        while rows:
+            shard, within = divmod(first, self.shard_rows)
+            n = min(rows, self.shard_rows - within)
+            parts.append(self._file(shard).read_at(n * row_bytes, within * row_bytes))
+            first, rows = first + n, rows - n
+        return np.frombuffer(b"".join(parts), dtype=self.dtype).reshape(-1, self.seq_len)
+
+    def _file(self, shard: int):
+        if shard not in self.files:  # threads may both open it: the second copy is merely dropped
+            fs, path = storage.filesystem(self.shards[shard])
+            self.files[shard] = fs.open_input_file(path)
+        return self.files[shard]
 
 
 def batches_per_epoch(train_rows: int, global_batch: int) -> int:

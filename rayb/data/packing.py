@@ -30,6 +30,24 @@ def row_blocks(tokens: np.ndarray, offset: int, seq_len: int) -> Iterator[tuple[
         position += rows * width
 
 
+def pieces_by_shard(
+    tokens: np.ndarray, offset: int, seq_len: int, first_row: int, slots: np.ndarray | None, shard_rows: int
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The row parts a stretch fills (`row_blocks`), grouped by the shard of the split that stores them:
+    (shard, first column, rows within the shard, block). The stream's row r is the split's row
+    `first_row` + r, stored at `slots[first_row + r]` (at `first_row` + r where `slots` is None); shard k
+    holds stored rows [k·shard_rows, (k+1)·shard_rows). So each shard can be written whole, by one task,
+    from the pieces every stretch sends it."""
+    for first, column, block in row_blocks(tokens, offset, seq_len):
+        rows = first_row + np.arange(first, first + len(block))
+        if slots is not None:
+            rows = slots[rows]
+        shards = rows // shard_rows
+        for shard in np.unique(shards):
+            mine = shards == shard
+            yield int(shard), column, rows[mine] - shard * shard_rows, block[mine]
+
+
 def split_rows(total: int, weights: list[float]) -> list[int]:
     """Split `total` rows by weight into whole numbers that sum exactly to `total` (largest remainder)."""
     raw = [w * total for w in weights]

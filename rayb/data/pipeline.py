@@ -3,8 +3,11 @@
 This is the only data module that knows about Ray. Each source's parquet row groups are its units of
 work; Ray Data tasks tokenize the units, send each document to the source's training or validation
 stream (a seeded random sample of documents is held out, split.py), and save the unit's stretch of both
-streams; other tasks then place the stretches into the memory-mapped cache (see `cache.py`) by their
-offsets in their stream. The driver sees token counts only, so its memory does not grow with the corpus.
+streams. Other tasks then cut each stretch into the rows it fills, labelled by the shard of the cache that
+stores them; Ray Data groups the pieces by shard, and one task per shard writes it whole (see `cache.py`).
+The driver sees token counts only, so its memory does not grow with the corpus. Where the output and
+every source are on object storage, all of this runs on any node and writes straight to the store;
+otherwise on the driver's node, into the local cache directory.
 The mix is exact by construction: source i contributes round(w_i * rows) packed rows to each split, so
 validation has the training mix; one seeded permutation scatters the training rows through the training
 set, and validation rows keep their stream order (source after source), so the held-out stream reads as
@@ -31,9 +34,9 @@ from tokenizers import Tokenizer
 
 from rayb import storage
 from rayb.data import held_out
-from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
+from rayb.data.cache import MANIFEST, TokenCache, shard_name, unigram_entropy
 from rayb.data.held_out import HELD_OUT_DIR
-from rayb.data.packing import row_blocks, split_rows
+from rayb.data.packing import pieces_by_shard, split_rows
 from rayb.data.sources import ResolvedSource, resolve
 from rayb.data.spec import DataSpec
 from rayb.data.split import HeldOutRule
@@ -44,6 +47,7 @@ CACHE_FORMAT_VERSION = 2  # 2: held-out documents are a seeded random sample (1:
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
 STREAM_DIR = "streams"  # the units' stretches of the packed streams, while the cache is built
 SPLITS = ("train", "val")
+SHARD_BYTES = 64 * 2**20  # a shard of the training rows: one task assembles it, one object holds it
 
 
 class SourceTooSmall(ValueError):
@@ -77,13 +81,18 @@ def prepare_data(spec: DataSpec, cache_root: Path | str) -> TokenCache:
     build = storage.writable(out)
     with atomic_directory(build) as scratch:
         shutil.copytree(tokenizer_dir, scratch.path / "tokenizer")
-        manifest, held_texts = _write_rows(spec, resolved, units, scratch.path)
+        # Rows (and the streams they are cut from) go straight to where the cache will be read: the store,
+        # or the local scratch directory that becomes the cache.
+        rows_at = out if storage.is_remote(out) else str(scratch.path)
+        manifest, held_texts = _write_rows(spec, resolved, units, scratch.path / "tokenizer", rows_at)
         manifest.update(
             key=key, tokenizer_source=spec.tokenizer, build_s=round(time.perf_counter() - started, 2)
         )
         (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        held_out.write(_held_out(spec, held_texts, TokenCache(scratch.path)), scratch.path / HELD_OUT_DIR)
-        shutil.rmtree(scratch.path / STREAM_DIR)
+        val = _written_rows(rows_at, "val", manifest)
+        held = _held_out(spec, held_texts, manifest, scratch.path / "tokenizer", val)
+        held_out.write(held, scratch.path / HELD_OUT_DIR)
+        storage.remove(storage.join(rows_at, STREAM_DIR))
     if storage.is_remote(out):
         storage.push(out, last=(MANIFEST,))
         return TokenCache(out)
@@ -165,19 +174,32 @@ def open_shard(path: str, filesystem, column: str) -> pq.ParquetFile:
     return shard
 
 
-def _held_out(spec: DataSpec, held_texts: list[list[str]], cache: TokenCache) -> held_out.HeldOut:
+def _held_out(
+    spec: DataSpec, held_texts: list[list[str]], manifest: dict, tokenizer_dir: Path, val: np.ndarray
+) -> held_out.HeldOut:
     """The text behind the cache's validation rows (held_out.py), from the held-out documents the
     tokenize tasks set aside (per source, one file per unit read, in stream order)."""
     return held_out.build(
         (_texts(files) for files in held_texts),
-        [cache.manifest["sources"][s.name]["val_rows"] for s in spec.sources],
-        cache.seq_len, cache.tokenizer_dir / "tokenizer.json", cache.manifest["eos_id"], cache.val,
+        [manifest["sources"][s.name]["val_rows"] for s in spec.sources],
+        manifest["seq_len"], tokenizer_dir / "tokenizer.json", manifest["eos_id"], val,
     )  # fmt: skip
 
 
 def _texts(files: list[str]):
     for file in files:
-        yield from pq.read_table(file).column("text").to_pylist()
+        yield from pq.read_table(pa.BufferReader(storage.read_bytes(file))).column("text").to_pylist()
+
+
+def _written_rows(rows_at: str, split: str, manifest: dict) -> np.ndarray:
+    """A split's rows as written, from the cache being built (one object or file: only training rows are
+    ever sharded)."""
+    rows = manifest[f"{split}_rows"]
+    location = storage.join(rows_at, f"{split}.bin")
+    if storage.is_remote(location):
+        data = storage.read_bytes(location)
+        return np.frombuffer(data, dtype=manifest["dtype"]).reshape(rows, manifest["seq_len"])
+    return np.memmap(location, dtype=manifest["dtype"], mode="r", shape=(rows, manifest["seq_len"]))
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
@@ -221,19 +243,30 @@ class Units:
 
 
 def _write_rows(
-    spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tmp: Path
+    spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tokenizer_dir: Path, rows_at: str
 ) -> tuple[dict, list[list[str]]]:
-    """Tokenize, hold out, pack and place every source's rows in tasks; the driver sees token counts only.
-    Returns the manifest and, per source, the files of held-out documents the tasks set aside."""
-    tokenizer = load_tokenizer(tmp / "tokenizer")
+    """Tokenize, hold out, pack and place every source's rows in tasks, writing them at `rows_at` (a local
+    directory or a URI); the driver sees token counts only. Returns the manifest and, per source, the files
+    of held-out documents the tasks set aside."""
+    tokenizer = load_tokenizer(tokenizer_dir)
     vocab = len(tokenizer)
     dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32).name
     weights = [s.weight for s in spec.sources]
     rows = {"train": split_rows(spec.train_rows, weights), "val": split_rows(spec.val_rows, weights)}
-    read = _tokenized(spec, resolved, units, tmp, tokenizer.eos_token_id, dtype, rows)
+    # Tasks run on any node where every file they touch is on object storage; else on the driver's.
+    anywhere = storage.is_remote(rows_at) and all(r.filesystem is not None for r in resolved.values())
+    tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text()
+    read, nodes = _tokenized(
+        spec, resolved, units, rows_at, tokenizer_json, tokenizer.eos_token_id, dtype, rows, anywhere
+    )
     shapes = {"train": (spec.train_rows, spec.seq_len), "val": (spec.val_rows, spec.seq_len)}
-    for split, shape in shapes.items():
-        np.memmap(tmp / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
+    shard_rows = {
+        "train": max(1, SHARD_BYTES // (spec.seq_len * np.dtype(dtype).itemsize)),
+        "val": spec.val_rows,
+    }
+    if not storage.is_remote(rows_at):  # one file per split, each shard's task writing its own rows
+        for split, shape in shapes.items():
+            np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
     jobs = []
     for split in SPLITS:
         at = 0  # the split's first row for this source
@@ -243,13 +276,13 @@ def _write_rows(
                 if offset >= end:
                     break
                 if unit[split]:
-                    jobs.append({"split": split, "file": f"{unit['stem']}-{split}.npy", "offset": offset,
+                    jobs.append({"split": split, "file": f"{unit['stem']}-{split}.bin", "offset": offset,
                                  "length": min(unit[split], end - offset), "at": at})  # fmt: skip
                 offset += unit[split]
             at += n_rows
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    written = _in_tasks(_write_stretch, jobs, slots, str(tmp), shapes, dtype, vocab, free=True)
+    counts = _place(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows, anywhere)
     manifest = {
         "format": CACHE_FORMAT_VERSION,
         "seq_len": spec.seq_len,
@@ -270,20 +303,25 @@ def _write_rows(
             }
             for s, t, v, u in zip(spec.sources, rows["train"], rows["val"], units, strict=True)
         },  # fmt: skip
-        "unigram_entropy_nats": unigram_entropy(sum(r["counts"] for r in written)),
+        "unigram_entropy_nats": unigram_entropy(counts),
+        "build_nodes": nodes,
     }
+    if storage.is_remote(rows_at) and spec.train_rows > shard_rows["train"]:
+        manifest["train_shard_rows"] = shard_rows["train"]
     return manifest, [[f"{u['stem']}-held.parquet" for u in source_units] for source_units in read]
 
 
-def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tmp: Path,
-               eos_id: int, dtype: str, rows: dict[str, list[int]]) -> list[list[dict]]:  # fmt: skip
+def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], rows_at: str,
+               tokenizer_json: str, eos_id: int, dtype: str, rows: dict[str, list[int]],
+               anywhere: bool) -> tuple[list[list[dict]], int]:  # fmt: skip
     """Tokenize each source's units, in rounds, until its training and validation streams hold the rows
     its weight asks for; per source, the units read, in document order: {stem of their files, train and
-    val tokens}. A source stops being read once it has enough, so a hub-sized source costs only the tokens
-    the budget asks for."""
-    (tmp / STREAM_DIR).mkdir()
+    val tokens}; and the number of nodes that tokenized them. A source stops being read once it has
+    enough, so a hub-sized source costs only the tokens the budget asks for."""
+    streams = storage.join(rows_at, STREAM_DIR)
     need = [{split: rows[split][i] * spec.seq_len for split in SPLITS} for i in range(len(spec.sources))]
     done: list[list[dict]] = [[] for _ in spec.sources]
+    nodes = set()
     while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and units[i]]:
         batch = []
         for i in short:
@@ -291,13 +329,13 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
         first = sum(map(len, done))  # units are numbered across rounds
         items = [{"unit": first + n, **asdict(u)} for n, u in enumerate(batch)]
         results = {int(r["unit"]): r for r in _in_tasks(
-            _tokenize_unit, items, tuple(resolved[s.name].filesystem for s in spec.sources),
-            tuple(s.text_column for s in spec.sources), str(tmp / "tokenizer"), eos_id, dtype, str(tmp / STREAM_DIR),
-            spec.held_out,
+            _tokenize_unit, items, anywhere, tuple(resolved[s.name].filesystem for s in spec.sources),
+            tuple(s.text_column for s in spec.sources), tokenizer_json, eos_id, dtype, streams, spec.held_out,
         )}  # fmt: skip
         for item, unit in zip(items, batch, strict=True):
             lengths = {split: int(results[item["unit"]][split]) for split in SPLITS}
-            done[unit.source].append({"stem": str(tmp / STREAM_DIR / str(item["unit"])), **lengths})
+            done[unit.source].append({"stem": storage.join(streams, str(item["unit"])), **lengths})
+        nodes |= {r["node"] for r in results.values()}
     for source, needed, read in zip(spec.sources, need, done, strict=True):
         if _missing(read, needed):
             held = {split: _tokens(read, split) for split in SPLITS}
@@ -307,7 +345,7 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
                 f"is held out), but its weight asks for {needed['train']:,} and {needed['val']:,}; lower "
                 "data.token_budget, change its weight, or add documents"
             )
-    return done
+    return done, len(nodes)
 
 
 def _tokens(read: list[dict], split: str) -> int:
@@ -334,53 +372,105 @@ def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule) ->
 
 
 @functools.lru_cache(maxsize=4)
-def _fast_tokenizer(tokenizer_dir: str) -> Tokenizer:
+def _fast_tokenizer(tokenizer_json: str) -> Tokenizer:
     # The bare Rust tokenizer: loads in milliseconds and avoids importing transformers in Ray workers.
-    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    return Tokenizer.from_str(tokenizer_json)
 
 
-def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_dir: str, eos_id: int,
-                   dtype: str, out: str, rule: HeldOutRule) -> dict:  # fmt: skip
+def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_json: str, eos_id: int,
+                   dtype: str, streams: str, rule: HeldOutRule) -> dict:  # fmt: skip
     """Ray Data task: read a unit's documents, tokenize them, end each with EOS, and save the unit's
-    stretch of the source's training stream (`out/<unit>-train.npy`) and of its validation stream
-    (`<unit>-val.npy`, the held-out documents), and the held-out documents' text (`<unit>-held.parquet`,
-    for the held-out record); return the stretches' lengths."""
+    stretch of the source's training stream (`streams/<unit>-train.bin`) and of its validation stream
+    (`<unit>-val.bin`, the held-out documents), and the held-out documents' text (`<unit>-held.parquet`,
+    for the held-out record); return the stretches' lengths and the node it ran on."""
+    import ray
+
     column = columns[unit["source"]]
     shard = pq.ParquetFile(unit["path"], filesystem=filesystems[unit["source"]])
     table = shard.read_row_group(unit["row_group"], columns=[column.split(".")[0]])
     texts = [t or "" for t in text_values(table, column)]
     held = [rule.held(text) for text in texts]
-    docs = _fast_tokenizer(tokenizer_dir).encode_batch(texts, add_special_tokens=False)
-    stem = Path(out) / str(unit["unit"])
+    docs = _fast_tokenizer(tokenizer_json).encode_batch(texts, add_special_tokens=False)
+    stem = storage.join(streams, str(unit["unit"]))
     lengths = {}
     for split, is_held in (("train", False), ("val", True)):
         ids = [t for doc, h in zip(docs, held, strict=True) if h == is_held for t in (*doc.ids, eos_id)]
-        np.save(f"{stem}-{split}.npy", np.array(ids, dtype=dtype))
+        storage.write_bytes(f"{stem}-{split}.bin", np.array(ids, dtype=dtype).tobytes())
         lengths[split] = len(ids)
-    held_texts = [text for text, h in zip(texts, held, strict=True) if h]
-    pq.write_table(pa.table({"text": pa.array(held_texts, pa.string())}), f"{stem}-held.parquet")
-    return {"unit": unit["unit"], **lengths}
+    held_texts = pa.table({"text": pa.array([t for t, h in zip(texts, held, strict=True) if h], pa.string())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(held_texts, sink)
+    storage.write_bytes(f"{stem}-held.parquet", sink.getvalue().to_pybytes())
+    return {"unit": unit["unit"], "node": ray.get_runtime_context().get_node_id(), **lengths}
 
 
-def _write_stretch(
-    job: dict, slots: np.ndarray, cache_dir: str, shapes: dict, dtype: str, vocab: int
-) -> dict:
-    """Ray Data task: place a stretch of a source's training or validation stream into its rows of the
-    cache. A source's validation rows go to val.bin in stream order from row `at`; its training rows
-    `at`, `at` + 1, ... to their shuffled slots in train.bin. Returns the token counts of the training
-    rows it wrote (for the unigram entropy)."""
+def _place(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtype: str, vocab: int,
+           shard_rows: dict[str, int], anywhere: bool) -> np.ndarray:  # fmt: skip
+    """Place every stretch's rows into the cache's splits: tasks cut each stretch into pieces labelled by
+    the shard that stores them (`pieces_by_shard`), Ray Data groups the pieces by shard, and one task per
+    shard assembles it and writes it whole (an object on the store; its rows of the split's file
+    locally). Returns the token counts of the training rows (for the unigram entropy)."""
+    import ray.data
+    from ray.data.context import ShuffleStrategy
+
+    shards = sum(math.ceil(shapes[split][0] / shard_rows[split]) for split in SPLITS)
+    # Ray Data's default hash shuffle starts aggregator actors (seconds, on a small machine); the sort
+    # shuffle runs as plain tasks. A dataset keeps the context it was created in.
+    context = ray.data.DataContext.get_current()
+    default, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    try:
+        pieces = ray.data.from_items(jobs, override_num_blocks=len(jobs)).flat_map(
+            _pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), anywhere, free=True)
+        )
+        written = pieces.groupby(["split", "shard"], num_partitions=shards).map_groups(
+            _write_shard, fn_args=(rows_at, shapes, dtype, vocab, shard_rows), batch_format="pyarrow",
+            **_where(shards, anywhere, free=not anywhere),
+        )  # fmt: skip
+        return sum(np.frombuffer(row["counts"], dtype=np.int64) for row in written.iter_rows())
+    finally:
+        context.shuffle_strategy = default
+
+
+def _pieces(job: dict, slots: np.ndarray, shapes: dict, dtype: str, shard_rows: dict[str, int]) -> list[dict]:
+    """Ray Data task: a stretch of a stream, cut into the pieces each shard of its split stores. A
+    source's validation rows go to val.bin in stream order from row `at`; its training rows `at`, `at` + 1,
+    ... to their shuffled slots in train.bin."""
     split = job["split"]
-    cache = np.memmap(Path(cache_dir) / f"{split}.bin", dtype=dtype, mode="r+", shape=shapes[split])
-    counts = np.zeros(vocab, dtype=np.int64)
-    tokens = np.load(job["file"])[: job["length"]]
-    for first, column, block in row_blocks(tokens, job["offset"], shapes[split][1]):
-        rows = job["at"] + np.arange(first, first + len(block))
-        if split == "train":
-            rows = slots[rows]
-            counts += np.bincount(block.ravel(), minlength=vocab)
-        cache[rows, column : column + block.shape[1]] = block
-    cache.flush()
-    return {"counts": counts}
+    tokens = np.frombuffer(storage.read_bytes(job["file"]), dtype=dtype)[: job["length"]]
+    slots = slots if split == "train" else None
+    return [
+        {"split": split, "shard": shard, "column": column,
+         "rows": rows.astype(np.int64).tobytes(), "tokens": np.ascontiguousarray(block).tobytes()}
+        for shard, column, rows, block in pieces_by_shard(
+            tokens, job["offset"], shapes[split][1], job["at"], slots, shard_rows[split]
+        )
+    ]  # fmt: skip
+
+
+def _write_shard(pieces: pa.Table, rows_at: str, shapes: dict, dtype: str, vocab: int,
+                 shard_rows: dict[str, int]) -> pa.Table:  # fmt: skip
+    """Ray Data task: assemble one shard of a split from its pieces and write it: as its own object on
+    object storage (`shard_name`), as its rows of the split's file locally. Returns the token counts of
+    the training rows it wrote."""
+    split, shard = pieces["split"][0].as_py(), pieces["shard"][0].as_py()
+    total, seq_len = shapes[split]
+    first = shard * shard_rows[split]
+    out = np.zeros((min(shard_rows[split], total - first), seq_len), dtype=dtype)
+    for column, rows, tokens in zip(
+        *(pieces[c].to_pylist() for c in ("column", "rows", "tokens")), strict=True
+    ):
+        at = np.frombuffer(rows, dtype=np.int64)
+        block = np.frombuffer(tokens, dtype=dtype).reshape(len(at), -1)
+        out[at, column : column + block.shape[1]] = block
+    if storage.is_remote(rows_at):
+        shards = math.ceil(total / shard_rows[split])
+        storage.write_bytes(storage.join(rows_at, shard_name(split, shard, shards)), out.tobytes())
+    else:
+        split_file = np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="r+", shape=shapes[split])
+        split_file[first : first + len(out)] = out
+        split_file.flush()
+    counts = np.bincount(out.ravel(), minlength=vocab) if split == "train" else np.zeros(vocab, np.int64)
+    return pa.table({"counts": [counts.astype(np.int64).tobytes()]})
 
 
 def _driver_node_cpus() -> int:
@@ -391,26 +481,38 @@ def _driver_node_cpus() -> int:
     return int(next(n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node))
 
 
-def _cores() -> int:
-    """Tasks the cache build runs at once: one per CPU of the driver's node (its real cores, where it
-    declares none)."""
-    return _driver_node_cpus() or os.cpu_count() or 1
-
-
-def _in_tasks(fn, items: list[dict], *args, free: bool = False) -> list[dict]:
-    """Run `fn` over the items in Ray Data tasks, one item per task, up to `_cores()` at once; return the
-    results, in no particular order. Every task runs on the driver's node: they read and write the
-    build's scratch files, which live on its disk (a task on another node would write where the driver
-    cannot read, or, over NFS, undo another node's bytes of the same file). `free` tasks ask no CPU (they
-    only write); so do all of them on a node that declares none."""
+def _where(tasks: int, anywhere: bool, free: bool = False) -> dict:
+    """Where a stage's Ray Data tasks run, and how many at once. `anywhere`: on any node, one per CPU of
+    the cluster. Otherwise on the driver's node, `_cores()` at once: they read and write the build's
+    scratch files on its disk (a task on another node would write where the driver cannot read, or, over
+    NFS, undo another node's bytes of the same file). `free` tasks ask no CPU (they only move bytes); so
+    do all of them on a driver's node that declares none."""
     import ray
     import ray.data
 
-    dataset = ray.data.from_items(items, override_num_blocks=len(items)).map(
-        fn,
-        fn_args=args,
-        compute=ray.data.TaskPoolStrategy(size=max(1, min(len(items), _cores()))),
-        label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
-        num_cpus=0 if free or not _driver_node_cpus() else 1,
-    )
-    return list(dataset.iter_rows())
+    if anywhere:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        return {
+            "compute": ray.data.TaskPoolStrategy(size=max(1, min(tasks, cpus or 1))),
+            "num_cpus": 0 if free else 1,
+        }
+    return {
+        "compute": ray.data.TaskPoolStrategy(size=max(1, min(tasks, _cores()))),
+        "label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()},
+        "num_cpus": 0 if free or not _driver_node_cpus() else 1,
+    }
+
+
+def _cores() -> int:
+    """Tasks the driver's node runs at once: one per CPU it declares (its real cores, where it declares
+    none)."""
+    return _driver_node_cpus() or os.cpu_count() or 1
+
+
+def _in_tasks(fn, items: list[dict], anywhere: bool, *args) -> list[dict]:
+    """Run `fn` over the items in Ray Data tasks, one item per task (placed by `_where`); return the
+    results, in no particular order."""
+    import ray.data
+
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    return list(dataset.map(fn, fn_args=args, **_where(len(items), anywhere)).iter_rows())
