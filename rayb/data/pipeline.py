@@ -254,17 +254,26 @@ def _write_rows(
     weights = [s.weight for s in spec.sources]
     rows = {"train": split_rows(spec.train_rows, weights), "val": split_rows(spec.val_rows, weights)}
     # Tasks run on any node where every file they touch is on object storage; else on the driver's.
-    anywhere = storage.is_remote(rows_at) and all(r.filesystem is not None for r in resolved.values())
+    on_store = storage.is_remote(rows_at)
+    sources_on_store = all(r.filesystem is not None for r in resolved.values())
     tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text()
     read, nodes = _tokenized(
-        spec, resolved, units, rows_at, tokenizer_json, tokenizer.eos_token_id, dtype, rows, anywhere
+        spec,
+        resolved,
+        units,
+        rows_at,
+        tokenizer_json,
+        tokenizer.eos_token_id,
+        dtype,
+        rows,
+        on_store and sources_on_store,
     )
     shapes = {"train": (spec.train_rows, spec.seq_len), "val": (spec.val_rows, spec.seq_len)}
     shard_rows = {
         "train": max(1, SHARD_BYTES // (spec.seq_len * np.dtype(dtype).itemsize)),
         "val": spec.val_rows,
     }
-    if not storage.is_remote(rows_at):  # one file per split, each shard's task writing its own rows
+    if not on_store:  # one file per split, each shard's task writing its own rows
         for split, shape in shapes.items():
             np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
     jobs = []
@@ -282,7 +291,7 @@ def _write_rows(
             at += n_rows
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    counts = _place(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows, anywhere)
+    counts = _place(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows, anywhere=on_store)
     manifest = {
         "format": CACHE_FORMAT_VERSION,
         "seq_len": spec.seq_len,
@@ -306,7 +315,7 @@ def _write_rows(
         "unigram_entropy_nats": unigram_entropy(counts),
         "build_nodes": nodes,
     }
-    if storage.is_remote(rows_at) and spec.train_rows > shard_rows["train"]:
+    if on_store and spec.train_rows > shard_rows["train"]:
         manifest["train_shard_rows"] = shard_rows["train"]
     return manifest, [[f"{u['stem']}-held.parquet" for u in source_units] for source_units in read]
 
