@@ -106,11 +106,6 @@ def resolve_checkpoints(study: Study, out: Path | str, log) -> dict[str, dict[in
 def _resolve_checkpoint(ref: CheckpointRef, seeds: list[int], out: Path | str, log) -> dict[int, Checkpoint]:
     if ref.kind != "study":
         return dict.fromkeys(seeds, hub_checkpoint(ref.source, ref.location))
-    if storage.is_remote(out):
-        raise StudyError(
-            f"{ref.source}: a study: checkpoint reference needs a local output directory for now; run the "
-            "study it names, then point at its trial's model directory as a local path"
-        )
     sub = load_study(ref.location)
     log(f"{ref.source}: running study {sub.name} first (finished work is skipped)")
     outcome = run_study(sub, out, log=lambda msg: log(f"[{sub.name}] {msg}"))
@@ -123,11 +118,11 @@ def _resolve_checkpoint(ref: CheckpointRef, seeds: list[int], out: Path | str, l
             raise StudyError(f"{ref.source}: {ref.model} did not finish training in study {sub.name}")
         key = rows.sort_values("val_loss").trial_key.iloc[0]  # the best learning rate's weights
         chosen = next(t for t in outcome.trials if t.key == key)
-        cache = TokenCache(Path(chosen.cache_dir))
+        cache = TokenCache(chosen.cache_dir)
         resolved[seed] = Checkpoint(
-            ref.source, model=str(Path(chosen.trial_dir) / "model"), tokenizer=str(cache.tokenizer_dir), key=key,
-            arch=chosen.arch, config=chosen.model_config, vocab_size=cache.manifest["vocab_size"],
-            seq_len=cache.seq_len,
+            ref.source, model=storage.join(chosen.trial_dir, "model"),
+            tokenizer=storage.join(chosen.cache_dir, "tokenizer"), key=key, arch=chosen.arch,
+            config=chosen.model_config, vocab_size=cache.manifest["vocab_size"], seq_len=cache.seq_len,
         )  # fmt: skip
     return resolved
 
@@ -141,7 +136,7 @@ def check_init_tokenizers(
     ours = load_tokenizer(cache.tokenizer_dir).get_vocab()
     for source in sorted({m.init_from for m in study.models} - {None}):
         try:
-            theirs = load_tokenizer(checkpoints[source][study.seeds[0]].tokenizer).get_vocab()
+            theirs = load_tokenizer(checkpoints[source][study.seeds[0]].tokenizer_files).get_vocab()
         except OSError as exc:
             raise StudyError(f"init_from '{source}': cannot load its tokenizer: {exc}") from None
         if theirs != ours:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 from conftest import tiny_study_dict
 
 from rayb import storage
@@ -123,3 +124,32 @@ def test_a_cache_upload_cut_short_is_never_trusted(ray_session, tiny_cache, s3_b
     monkeypatch.setattr(storage, "push", real_push)
     rebuilt = prepare_data(spec, root)
     assert np.array_equal(TokenCache(rebuilt.path).train, tiny_cache.train)
+
+
+def test_a_finetuning_arm_starts_from_another_studys_weights_on_s3(ray_session, s3_bucket, tmp_path, mirror):
+    """`init_from: study:FILE#MODEL` on an output on object storage: the named study runs first, on the same
+    store, and the arm's workers load its weights and tokenizer from there."""
+    from rayb.runner import run_study
+    from rayb.study import load_study
+    from rayb.train.loop import METRICS
+    from rayb.train.trial import read_metrics
+
+    gpt2 = {"arch": "gpt2", "config": {"d_model": 32, "n_layer": 2, "n_head": 2}}
+    base = tiny_study_dict(seeds=[0], models=[gpt2])
+    base["data"]["token_budget"] = 32 * 8 * 8
+    (tmp_path / "pre.yaml").write_text(yaml.safe_dump(base | {"name": "pre"}))
+    arm = base | {"name": "arm", "models": [gpt2 | {"name": "arm", "init_from": "study:pre.yaml#gpt2"}]}
+    (tmp_path / "arm.yaml").write_text(yaml.safe_dump(arm))
+
+    outcome = run_study(load_study(tmp_path / "arm.yaml"), f"s3://{s3_bucket}/out", log=lambda _: None)
+    (trial,) = outcome.trials
+    assert outcome.table.status.tolist() == ["ok"]
+    assert trial.init_from["model"].startswith(f"s3://{s3_bucket}/out/")
+
+    def first_loss(trial_dir: str) -> float:
+        return next(r["loss"] for r in read_metrics(storage.join(trial_dir, METRICS)) if r["kind"] == "train")
+
+    pre = trial.init_from["model"].removesuffix("/model")  # the named study's trial
+    assert storage.exists(storage.join(pre, "train_result.json"))
+    # The arm's first step starts from the trained weights: its loss is already well below a fresh start's.
+    assert first_loss(trial.trial_dir) < first_loss(pre) - 0.25

@@ -102,7 +102,7 @@ def _load(trial: TrialSpec, cache):
 
     if trial.arch == PRETRAINED_ARCH:
         checkpoint = Checkpoint(**trial.model_config["checkpoint"])
-        tokenizer = load_tokenizer(checkpoint.tokenizer)
+        tokenizer = load_tokenizer(checkpoint.tokenizer_files)
         same = tokenizer.get_vocab() == load_tokenizer(cache.tokenizer_dir).get_vocab()
         return load_model(checkpoint), tokenizer, lambda: fresh_model(checkpoint), same
     vocab, seq_len = cache.manifest["vocab_size"], cache.seq_len

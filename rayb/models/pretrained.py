@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rayb import storage
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -31,6 +33,20 @@ class Checkpoint:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def model_files(self) -> str:
+        """Where this process opens the weights: the directory or hub id, or this node's copy of weights
+        on object storage (another study's trial on the same store)."""
+        return _opened(self.model)
+
+    @property
+    def tokenizer_files(self) -> str:
+        return _opened(self.tokenizer)
+
+
+def _opened(location: str) -> str:
+    return str(storage.fetch_tree(location)) if storage.is_remote(location) else location
+
 
 def hub_checkpoint(source: str, location: str) -> Checkpoint:
     """A local save_pretrained directory or a hub id (`location`): the weights and their tokenizer live
@@ -44,7 +60,7 @@ def load_model(checkpoint: Checkpoint) -> nn.Module:
         from rayb.models.checkpoint import load_trained
 
         return load_trained(
-            Path(checkpoint.model), checkpoint.arch, checkpoint.config or {}, checkpoint.vocab_size,
+            Path(checkpoint.model_files), checkpoint.arch, checkpoint.config or {}, checkpoint.vocab_size,
             checkpoint.seq_len,
         )  # fmt: skip
     from transformers import AutoModelForCausalLM
