@@ -1,12 +1,15 @@
-"""One `rayb run` of a study at a time: a second run of the same study on the same output refuses, naming
-the process that holds it, instead of training the same trials into the same files beside it.
+"""One `rayb run` of a study at a time, and one run training a trial: a second run of the same study on
+the same output refuses, naming the process that holds it, instead of training the same trials into the
+same files beside it; so does a run of another study that needs a trial a running study is training.
 
-The lock is `lock.json` in the study directory, holding who runs the study (host, pid, since when).
+A lock is a small JSON file holding who holds it (host, pid, since when, and for a trial, the study): the
+study's `lock.json` in its directory, and a trial's claim, `claims/<trial key>.json` in the output.
 - On a local (or NFS) output it is an flock on that file: the operating system lets go of it when the
   process ends however it ends, so the run after a killed driver starts at once.
 - On object storage, which has no locks, it is a lease: the holder writes the file, waits SETTLE_S and
   reads it back (two runs that wrote at once both read the later one, so exactly one goes on), then
-  rewrites it every HEARTBEAT_S. A lease not renewed for STALE_S (a killed driver) is free to take.
+  rewrites it every HEARTBEAT_S. A lease not renewed for STALE_S (a killed driver) is free to take. A
+  run's many claims are taken together: one settling wait, one renewing thread.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rayb.files import read_json, write_json_atomic
 from rayb.study import StudyError
 
 LOCK_NAME = "lock.json"
+CLAIMS_DIR = "claims"  # in the output: a claim per trial being trained
 HEARTBEAT_S = 10.0
 STALE_S = 60.0  # several missed heartbeats: the holder is gone
 SETTLE_S = 2.0  # far longer than the gap between a run's check of the lease and its write
@@ -39,20 +43,44 @@ class StudyLocked(StudyError):
 @contextlib.contextmanager
 def study_lock(study_dir: str | Path) -> Iterator[None]:
     """Hold the study's lock while the block runs; raise StudyLocked if another process holds it."""
-    holder = {
+    with _hold([storage.join(study_dir, LOCK_NAME)], _holder(), _study_locked):
+        yield
+
+
+@contextlib.contextmanager
+def trial_claims(output: str | Path, trial_keys: list[str], study_name: str) -> Iterator[None]:
+    """Claim the trials this run will train, while the block runs; raise StudyLocked, naming the study and
+    process, if another run (of another study sharing them) holds a claim on any of them."""
+    locations = [storage.join(output, CLAIMS_DIR, f"{key}.json") for key in trial_keys]
+    with _hold(locations, _holder() | {"study": study_name}, _trial_claimed):
+        yield
+
+
+def _holder() -> dict:
+    return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "since": datetime.now(UTC).isoformat(timespec="seconds"),
         "token": uuid.uuid4().hex,
     }
-    location = storage.join(study_dir, LOCK_NAME)
-    hold = _lease if storage.is_remote(location) else _flock
-    with hold(location, holder):
-        yield
 
 
 @contextlib.contextmanager
-def _flock(location: str, holder: dict) -> Iterator[None]:
+def _hold(locations: list[str], holder: dict, refusal) -> Iterator[None]:
+    if not locations:
+        yield
+    elif storage.is_remote(locations[0]):
+        with _leases(locations, holder, refusal):
+            yield
+    else:
+        with contextlib.ExitStack() as held:
+            for location in locations:
+                held.enter_context(_flock(location, holder, refusal))
+            yield
+
+
+@contextlib.contextmanager
+def _flock(location: str, holder: dict, refusal) -> Iterator[None]:
     import fcntl
 
     path = Path(location)
@@ -62,7 +90,7 @@ def _flock(location: str, holder: dict) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            raise _locked(location, _parse(f.read())) from None
+            raise refusal(location, _parse(f.read())) from None
         f.seek(0)
         f.truncate()
         f.write(json.dumps(holder))
@@ -74,30 +102,41 @@ def _flock(location: str, holder: dict) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _lease(location: str, holder: dict) -> Iterator[None]:
-    current = read_json(location)
-    if current and time.time() - current.get("renewed", 0) < STALE_S:
-        raise _locked(location, current)
-    write_json_atomic(location, holder | {"renewed": time.time()})
-    time.sleep(SETTLE_S)
-    current = read_json(location)
-    if current.get("token") != holder["token"]:
-        raise _locked(location, current)
-    stop = threading.Event()
+def _leases(locations: list[str], holder: dict, refusal) -> Iterator[None]:
+    def check(written: bool) -> None:
+        for location in locations:
+            current = read_json(location)
+            if written and current.get("token") != holder["token"]:
+                raise refusal(location, current)
+            if not written and current and time.time() - current.get("renewed", 0) < STALE_S:
+                raise refusal(location, current)
 
-    def renew() -> None:
-        while not stop.wait(HEARTBEAT_S):
+    def write() -> None:
+        for location in locations:
             write_json_atomic(location, holder | {"renewed": time.time()})
 
-    thread = threading.Thread(target=renew, name="rayb-lock", daemon=True)
-    thread.start()
+    check(written=False)
+    write()
+    stop = threading.Event()
     try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        if read_json(location).get("token") == holder["token"]:
-            storage.remove(location)
+        time.sleep(SETTLE_S)
+        check(written=True)
+
+        def renew() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                write()
+
+        thread = threading.Thread(target=renew, name="rayb-lock", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+    finally:  # give back what is ours (a lost race leaves the winner's files alone)
+        for location in locations:
+            if read_json(location).get("token") == holder["token"]:
+                storage.remove(location)
 
 
 def _parse(text: str) -> dict:
@@ -107,10 +146,24 @@ def _parse(text: str) -> dict:
         return {}
 
 
-def _locked(location: str, holder: dict) -> StudyLocked:
-    who = f"process {holder.get('pid', '?')} on {holder.get('host', '?')} (since {holder.get('since', '?')})"
+def _who(holder: dict) -> str:
+    return f"process {holder.get('pid', '?')} on {holder.get('host', '?')} (since {holder.get('since', '?')})"
+
+
+def _stale_note(location: str) -> str:
+    return f" (a lock not renewed for {STALE_S:.0f} s is taken over)" if storage.is_remote(location) else ""
+
+
+def _study_locked(location: str, holder: dict) -> StudyLocked:
     return StudyLocked(
-        f"this study is already running: {who} holds {location}. Wait for that run to end, or stop it; "
-        "a rerun afterwards redoes nothing it finished"
-        + (f" (a lock not renewed for {STALE_S:.0f} s is taken over)" if storage.is_remote(location) else "")
+        f"this study is already running: {_who(holder)} holds {location}. Wait for that run to end, or stop "
+        "it; a rerun afterwards redoes nothing it finished" + _stale_note(location)
+    )
+
+
+def _trial_claimed(location: str, holder: dict) -> StudyLocked:
+    return StudyLocked(
+        f"trial {storage.name(location).removesuffix('.json')} is being trained by study "
+        f"'{holder.get('study', '?')}': {_who(holder)} holds {location}. Run this study once that one has "
+        "ended: it will find the trial trained" + _stale_note(location)
     )

@@ -28,7 +28,7 @@ from rayb.data.cache import TokenCache
 from rayb.eval.actors import EvalJob, EvalPool, read_result
 from rayb.eval.registry import parse_suite
 from rayb.files import read_json, write_json_atomic
-from rayb.lock import study_lock
+from rayb.lock import study_lock, trial_claims
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
 from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
@@ -251,7 +251,11 @@ def run_study(
         feed = FinishedTrials(study, trials)
         stages.end("planning")
         trained, groups = 0, 0
+        untrained = [t.key for t in trials if not t.done and t.arch != PRETRAINED_ARCH]
         with (
+            trial_claims(
+                out, untrained, study.name
+            ),  # another study sharing a trial refuses, naming this one
             tracking(study, trials, study_local, log) as tracked,
             evaluating_beside(evaluations, feed) as evaluated,
         ):

@@ -94,3 +94,41 @@ def test_two_runs_that_take_a_lease_at_once_leave_exactly_one_holding_it(s3_buck
         for r in racers:
             r.send_signal(signal.SIGKILL)
             r.wait()
+
+
+CLAIM = (
+    "import sys, time; from rayb.lock import trial_claims\n"
+    "with trial_claims(sys.argv[1], [sys.argv[2]], 'other'):\n    print('held', flush=True); time.sleep(600)"
+)
+
+
+@pytest.mark.ray
+def test_a_study_that_needs_a_trial_another_study_is_training_refuses(output, ray_session, monkeypatch):
+    """Two different studies share a trial (same model, data and training): while one trains it, the other
+    refuses before training anything, naming the study and process that hold it."""
+    from rayb.data.pipeline import prepare_data
+    from rayb.runner import plan_trials, run_study
+    from rayb.study import parse_study
+
+    monkeypatch.setattr(lock, "SETTLE_S", 0.2)
+    study = parse_study(tiny_study_dict(seeds=[0]))
+    trials = plan_trials(study, prepare_data(study.data, storage.join(output, "cache")), output, {})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CLAIM, output, trials[0].key],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StudyLocked, match=f"trained by study 'other': process {holder.pid} on "):
+            run_study(study, output, log=lambda _: None)
+        assert not storage.exists(storage.join(output, "ray", "tune"))  # nothing was trained
+    finally:
+        holder.kill()
+        holder.wait()
+    # Claims that do not overlap never collide; a run's claims are given back when it ends.
+    with lock.trial_claims(output, [trials[1].key], "this"), lock.trial_claims(output, ["other"], "that"):
+        pass
+    if storage.is_remote(output):  # only the killed holder's lease is left, until it goes stale
+        assert storage.listdir(storage.join(output, lock.CLAIMS_DIR)) == [f"{trials[0].key}.json"]
