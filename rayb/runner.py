@@ -256,7 +256,7 @@ def run_study(
             trial_claims(
                 out, untrained, study.name
             ),  # another study sharing a trial refuses, naming this one
-            tracking(study, trials, study_local, log) as tracked,
+            tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,
             evaluating_beside(evaluations, feed) as evaluated,
         ):
             while packs := _packs(wanted, slots, cores):
@@ -288,6 +288,11 @@ def run_study(
         outcome.archive_error = _archive(out, study_local, wanted, archive_uri, log) if archive_uri else None
         outcome.trained, outcome.wall_s = trained, time.perf_counter() - began
         return outcome
+
+
+def _pusher(study_dir: str):
+    """On object storage: what copies the study directory's local files (trackers', logs) to the store."""
+    return (lambda: storage.push(study_dir, keep=True)) if storage.is_remote(study_dir) else None
 
 
 def _packs(trials: list[TrialSpec], slots: int, cores: int) -> list:

@@ -112,7 +112,8 @@ def _feed(study, trial: TrialSpec, study_dir: Path, log) -> None:
     trial_dir.mkdir(parents=True, exist_ok=True)
     metrics = trial_dir / METRICS
     _append(metrics, *(_train(s) for s in range(1, 5)), {"kind": "val", "step": 4, "val_loss": 4.5})
-    tracking = Tracking(study, [trial], study_dir, log, poll_s=0.05)
+    synced = []  # when the trackers' files were copied to where the study lives
+    tracking = Tracking(study, [trial], study_dir, log, poll_s=0.05, sync=lambda: synced.append(time.time()))
     tracking.start()
     time.sleep(0.5)
     _append(
@@ -127,6 +128,8 @@ def _feed(study, trial: TrialSpec, study_dir: Path, log) -> None:
     out = Path(result_path(trial_dir, "lm", {}))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"status": "ok", "version": 1, "metrics": {"val_loss": 3.9, "val_ppl": 49.4}}))
+    time.sleep(0.3)
+    assert len(synced) == 1  # as soon as the trial's runs ended, not only when the study ends
     tracking.stop()
     report = study_dir / "report.md"
     report.write_text("# tiny\n")

@@ -89,8 +89,13 @@ class _Trial:
 class Tracking:
     """Forwards a study's trials to its trackers from a thread; `finish_study` ends the study-level run."""
 
-    def __init__(self, study: Study, trials: list[TrialSpec], study_dir: Path, log, poll_s: float = POLL_S):
+    def __init__(
+        self, study: Study, trials: list[TrialSpec], study_dir: Path, log, poll_s: float = POLL_S, sync=None
+    ):
         self.study, self.trials, self.study_dir, self.log, self.poll_s = study, trials, study_dir, log, poll_s
+        # Called once a trial's runs end: copies the trackers' files (in study_dir) to where the study
+        # lives, so a study on object storage does not keep them on the driver's disk until it ends.
+        self.sync = sync
         self.trackers: list[Guarded] = []
         self.open: dict[str, _Trial] = {}  # trial key -> its runs, while not finished
         self.seen: set[str] = set()  # trial keys started (or found tracked by an earlier run)
@@ -146,6 +151,15 @@ class Tracking:
                     if tracker.call("finish_trial", spec.key, results, ok) and settled:
                         _mark_tracked(spec, tracker.destination)
                 del self.open[spec.key]
+                self._sync()
+
+    def _sync(self) -> None:
+        if self.sync is None:
+            return
+        try:
+            self.sync()
+        except OSError as exc:  # the store unreachable for now: the files go up again with the next trial
+            self.log(f"could not copy the trackers' files to the study directory yet: {exc}")
 
     def _begin(self, spec: TrialSpec) -> _Trial | None:
         trial_dir = spec.trial_dir
@@ -180,9 +194,9 @@ class Tracking:
 
 
 @contextmanager
-def tracking(study: Study, trials: list[TrialSpec], study_dir: Path, log) -> Iterator[Tracking]:
+def tracking(study: Study, trials: list[TrialSpec], study_dir: Path, log, sync=None) -> Iterator[Tracking]:
     """Track the trials while the body trains and evaluates them; call `finish_study` once reported."""
-    tracked = Tracking(study, trials, study_dir, log)
+    tracked = Tracking(study, trials, study_dir, log, sync=sync)
     tracked.start()
     try:
         yield tracked
