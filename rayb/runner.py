@@ -196,8 +196,9 @@ def run_study(
     began = time.perf_counter()
     out = storage.resolve(output or study.output_dir)
     study_dir = study_directory(study, output)
-    # What libraries write for the study (its report, figures, Ray's driver log): the study directory
-    # itself, or on object storage a local directory pushed to it as the run ends.
+    # What libraries write for the study (its report, figures, trackers' files, Ray's driver log): the
+    # study directory itself, or on object storage a local directory pushed to it as each trial's tracked
+    # runs end and as the run ends.
     study_local = storage.writable(study_dir)
     study_local.mkdir(parents=True, exist_ok=True)
     with study_lock(study_dir):  # a second run of this study refuses, naming this one
