@@ -80,21 +80,26 @@ class TokenCache:
     def _fetch(self, split: str) -> Path:
         """The local file of a split's rows: the file itself, or the node's mirror of it, its shards (if
         the store holds it in shards) joined once."""
-        if split != "train" or "train_shard_rows" not in self.manifest:
-            return storage.fetch(storage.join(self.path, f"{split}.bin"))
+        shards = self._train_shards()[0] if split == "train" else [storage.join(self.path, f"{split}.bin")]
+        if len(shards) == 1:
+            return storage.fetch(shards[0])
         joined = storage.local(storage.join(self.path, "train.bin"))
         if not joined.exists():  # written beside, then renamed: a reader never sees part of it
             joined.parent.mkdir(parents=True, exist_ok=True)
             partial = joined.with_name(f".train.bin.{os.getpid()}.tmp")
             with open(partial, "wb") as out:
-                for shard in self._shards():
+                for shard in shards:
                     out.write(storage.read_bytes(shard))
             os.replace(partial, joined)
         return joined
 
-    def _shards(self) -> list[str]:
-        shards = math.ceil(self.manifest["train_rows"] / self.manifest["train_shard_rows"])
-        return [storage.join(self.path, shard_name("train", k, shards)) for k in range(shards)]
+    def _train_shards(self) -> tuple[list[str], int]:
+        """The training split's files and the rows each holds: train.bin alone, unless the cache was built
+        on object storage in shards."""
+        rows = self.manifest["train_rows"]
+        per = self.manifest.get("train_shard_rows", rows)
+        shards = math.ceil(rows / per)
+        return [storage.join(self.path, shard_name("train", k, shards)) for k in range(shards)], per
 
     def micro_batch(self, step: int, micro: int, rank: int, world: int, global_batch: int, micro_batch: int):
         """Rows of optimizer step `step` that worker `rank` trains on in its `micro`-th micro-step."""
@@ -112,11 +117,7 @@ class TokenCache:
 
     @cached_property
     def _ranged(self) -> RangedRows:
-        shard_rows = self.manifest.get("train_shard_rows", self.manifest["train_rows"])
-        shards = (
-            self._shards() if "train_shard_rows" in self.manifest else [storage.join(self.path, "train.bin")]
-        )
-        return RangedRows(shards, shard_rows, self.manifest["dtype"], self.seq_len)
+        return RangedRows(*self._train_shards(), self.manifest["dtype"], self.seq_len)
 
     def batches_per_epoch(self, global_batch: int) -> int:
         return batches_per_epoch(self.manifest["train_rows"], global_batch)
@@ -145,9 +146,8 @@ class RangedRows:
         from concurrent.futures import ThreadPoolExecutor
 
         self.shards, self.shard_rows = shards, shard_rows
-        self.files: dict[
-            int, object
-        ] = {}  # shard -> open file; read_at never moves a position: threads share it
+        # shard -> its open file (read_at never moves a position, so threads share it)
+        self.files: dict[int, object] = {}
         self.dtype, self.seq_len = np.dtype(dtype), seq_len
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rayb-rows")
         self.pending: dict[tuple[int, int], object] = {}  # (first row, rows) -> Future
