@@ -252,11 +252,10 @@ def run_study(
         feed = FinishedTrials(study, trials)
         stages.end("planning")
         trained, groups = 0, 0
+        # Claimed while they train: a run of another study that shares one refuses, naming this run.
         untrained = [t.key for t in trials if not t.done and t.arch != PRETRAINED_ARCH]
         with (
-            trial_claims(
-                out, untrained, study.name
-            ),  # another study sharing a trial refuses, naming this one
+            trial_claims(out, untrained, study.name),
             tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,
             evaluating_beside(evaluations, feed) as evaluated,
         ):
