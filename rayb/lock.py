@@ -28,6 +28,7 @@ from pathlib import Path
 from rayb import storage
 from rayb.files import read_json, write_json_atomic
 from rayb.study import StudyError
+from rayb.threads import beside
 
 LOCK_NAME = "lock.json"
 CLAIMS_DIR = "claims"  # in the output: a claim per trial being trained
@@ -115,24 +116,17 @@ def _leases(locations: list[str], holder: dict, refusal) -> Iterator[None]:
         for location in locations:
             write_json_atomic(location, holder | {"renewed": time.time()})
 
+    def renew(stop: threading.Event) -> None:
+        while not stop.wait(HEARTBEAT_S):
+            write()
+
     check(written=False)
     write()
-    stop = threading.Event()
     try:
         time.sleep(SETTLE_S)
         check(written=True)
-
-        def renew() -> None:
-            while not stop.wait(HEARTBEAT_S):
-                write()
-
-        thread = threading.Thread(target=renew, name="rayb-lock", daemon=True)
-        thread.start()
-        try:
+        with beside(renew, "rayb-lock"):
             yield
-        finally:
-            stop.set()
-            thread.join()
     finally:  # give back what is ours (a lost race leaves the winner's files alone)
         for location in locations:
             if read_json(location).get("token") == holder["token"]:

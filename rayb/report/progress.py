@@ -19,6 +19,7 @@ from rich.live import Live
 
 from rayb import storage
 from rayb.report.status import StudyStatus, status_table, study_status
+from rayb.threads import beside
 
 TICK_S = 1.0
 REMOTE_TICK_S = 5.0  # a study on object storage: each tick is a few requests per trial
@@ -28,15 +29,9 @@ HEARTBEAT_S = 30.0
 @contextmanager
 def watching(study_dir: Path | str, console: Console) -> Iterator[None]:
     """Show the study's progress while the block runs (the study directory may not exist yet)."""
-    stop = threading.Event()
     show = _live if console.is_terminal else _lines
-    thread = threading.Thread(target=show, args=(study_dir, console, stop), name="rayb-progress", daemon=True)
-    thread.start()
-    try:
+    with beside(lambda stop: show(study_dir, console, stop), "rayb-progress"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _read(study_dir: Path | str) -> StudyStatus | None:
