@@ -1,8 +1,8 @@
 """Two nodes that share no directory, and a study whose data and output are on S3 (a real S3 server on the
 loopback): tasks on both nodes build the token cache on the store, every file a study writes reaches the
-store, a report is rebuilt from the store alone, and a
-node lost mid-trial costs nothing but time: its trial resumes from its checkpoint on the store, on a
-node added while the study runs, to the loss curve of an uninterrupted run."""
+store, a report is rebuilt from the store alone, and a node lost mid-trial costs nothing but time: its
+trial resumes from its checkpoint on the store, on a node added while the study runs, to the loss curve of
+an uninterrupted run."""
 
 from __future__ import annotations
 
