@@ -128,7 +128,9 @@ def _feed(study, trial: TrialSpec, study_dir: Path, log) -> None:
     out = Path(result_path(trial_dir, "lm", {}))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"status": "ok", "version": 1, "metrics": {"val_loss": 3.9, "val_ppl": 49.4}}))
-    time.sleep(0.3)
+    deadline = time.time() + 30  # a loaded machine may take a while to schedule the thread
+    while not synced and time.time() < deadline:
+        time.sleep(0.05)
     assert len(synced) == 1  # as soon as the trial's runs ended, not only when the study ends
     tracking.stop()
     report = study_dir / "report.md"
