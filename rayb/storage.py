@@ -167,18 +167,27 @@ def writable(location: str | Path) -> Path:
     return mirror_root() / f"writes-{os.getpid()}" / local(location).relative_to(mirror_root())
 
 
+_kept: dict[Path, tuple[int, int]] = {}  # files pushed and kept by this process: (size, mtime) when pushed
+
+
 def push(location: str | Path, *, last: tuple[str, ...] = (), keep: bool = False) -> None:
     """Upload `writable(location)` (a file, or a directory tree with the files named in `last` uploaded
-    after the rest) to the store, then drop the private copy unless `keep`."""
+    after the rest) to the store, then drop the private copy unless `keep`. A kept copy pushed again
+    uploads only the files that changed since (a study directory is pushed as each trial ends)."""
     if not is_remote(location):
         return
     source = writable(location)
     fs, path = filesystem(str(location))
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
     for file in sorted(files, key=lambda f: f.name in last):
+        stamp = (file.stat().st_size, file.stat().st_mtime_ns)
+        if keep and _kept.get(file) == stamp:
+            continue
         relative = file.relative_to(source).as_posix() if file != source else ""
         with file.open("rb") as data, fs.open_output_stream("/".join(filter(None, [path, relative]))) as out:
             shutil.copyfileobj(data, out, 8 << 20)
+        if keep:
+            _kept[file] = stamp
     if not keep:
         shutil.rmtree(source, ignore_errors=True) if source.is_dir() else source.unlink(missing_ok=True)
 

@@ -63,6 +63,20 @@ def test_a_pushed_tree_is_fetched_once_and_again_only_when_it_changed(root):
     assert storage.fetch(storage.join(location, "weights.bin")).read_bytes() == b"v" * 999
 
 
+def test_a_kept_tree_pushed_again_uploads_only_what_changed(s3_bucket):
+    location = f"s3://{s3_bucket}/study"
+    written = storage.writable(location)
+    written.mkdir(parents=True, exist_ok=True)
+    (written / "log.txt").write_text("one")
+    (written / "events").write_bytes(b"e" * 100)
+    storage.push(location, keep=True)
+    storage.remove(storage.join(location, "events"))  # so a second upload of it would show
+    (written / "log.txt").write_text("one two")
+    storage.push(location, keep=True)
+    assert storage.read_bytes(storage.join(location, "log.txt")) == b"one two"
+    assert not storage.exists(storage.join(location, "events"))  # unchanged: not uploaded again
+
+
 def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(
     ray_session, tiny_cache, s3_bucket, mirror, monkeypatch
 ):
