@@ -23,7 +23,14 @@ def init_ray(ray_logs: Path | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local instance
+    # A private, local instance. Its processes inherit this environment, which carries its settings:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # - the driver's import path (see driver_import_path). Not as a job runtime env: with one, no task or
+    #   actor runs on the workers Ray prestarts (each starts a process of its own, 0.5-1 s on 2 cores).
+    os.environ["PYTHONPATH"] = driver_import_path()
+    # - no preemption watcher in Ray Train: nothing drains a local node, and the watcher is one more
+    #   actor process per worker group.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     ray.init(
         # The machine's real cores: a trial holds only its workers' CPUs (its Tune actor and Train
         # controller hold none), so nothing needs more slots than there are cores.
@@ -31,7 +38,6 @@ def init_ray(ray_logs: Path | None = None) -> None:
         # The dashboard (on 127.0.0.1 only) also serves the State API that Ray Train's placement-group
         # cleaner polls; without it that cleaner logs a warning every few seconds of every trial.
         include_dashboard=True,
-        runtime_env={"env_vars": {"PYTHONPATH": driver_import_path()}},
         **quiet,
     )
 
