@@ -43,6 +43,33 @@ def one_time_builds() -> dict[str, float]:
     return {name: _timed([sys.executable, "-c", source])[0] for name, source in code.items()}
 
 
+# The stack's own floor: Ray's start, one Tune trial whose TorchTrainer starts one worker that imports
+# DeepSpeed and returns, and Ray's shutdown. Nothing is trained, evaluated or written: what any study run
+# on Ray Tune + Ray Train + DeepSpeed pays before its first step, whatever rayb does.
+FLOOR = """
+import sys
+from ray import tune
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from rayb.runtime import init_ray
+
+def loop(config):
+    import deepspeed
+
+def trainable(config):
+    TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=1),
+                 run_config=RunConfig(storage_path=sys.argv[1])).fit()
+
+init_ray()
+tune.Tuner(tune.with_resources(trainable, {"CPU": 0, "memory": 2**29}),
+           run_config=tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()
+"""
+
+
+def stack_floor(work: Path) -> float:
+    return _timed([sys.executable, "-c", FLOOR, str(work / "floor")])[0]
+
+
 def _timed(command: list[str], cwd: Path | None = None) -> tuple[float, str]:
     began = time.perf_counter()
     done = subprocess.run(
@@ -126,9 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data preparation of the smoke corpus: {build_s:.1f} s building the cache, {prep_wall:.1f} s as a "
           "process with Ray's start (target ≤ 15 s)")  # fmt: skip
 
+    floor = stack_floor(work)
+    print(f"the stack's floor (Ray's start, one Tune trial, one Train worker importing DeepSpeed, nothing "
+          f"trained): {floor:.1f} s")  # fmt: skip
     for label, study in (("1 seed", one), (f"{args.seeds} seeds", many)):
         run = rayb_run(study, work / label.replace(" ", "-"), work / "prep" / "cache")
-        report(label, run, plain_loop(run["study_dir"], threads))
+        plain = plain_loop(run["study_dir"], threads)
+        report(label, run, plain)
+        print(f"  the floor alone is {floor / plain:.2f}× the plain loop's whole run; with the plain loop's "
+              f"own work on top, {(floor + plain) / plain:.2f}×")  # fmt: skip
 
     if args.smoke:
         wall, _ = _timed(
