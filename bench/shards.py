@@ -51,7 +51,9 @@ def data_spec(shard_dir: Path, token_budget: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shards", type=int, nargs="+", default=[100, 10_000])
     parser.add_argument("--token-budget", type=int, default=128 * 320)
     args = parser.parse_args()
