@@ -17,21 +17,21 @@ from conftest import registered_checkpoint_trial, restart_points, tiny_study_dic
 
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
-from rayb.study import parse_study
+from rayb.study import Study, parse_study
 from rayb.train.loop import METRICS
 from rayb.train.trainer import fit_pack
-from rayb.train.trial import TRAIN_DONE, TrialPack, read_metrics
+from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
 pytestmark = pytest.mark.ray
 
 
-def _train(tiny_cache, out: Path, arch_index: int, num_workers: int, loop=None, **train):
+def _trial(tiny_cache, out: Path, arch_index: int, num_workers: int, **train) -> tuple[Study, TrialSpec]:
     raw = tiny_study_dict(seeds=[0])
     raw["train"] |= {"num_workers": num_workers, **train}
     study = parse_study(raw)
-    trial = next(t for t in plan_trials(study, tiny_cache, out) if t.arch == study.models[arch_index].arch)
-    fit_pack(TrialPack((trial,)), **({"loop": loop} if loop else {}))
-    return study, Path(trial.trial_dir)
+    return study, next(
+        t for t in plan_trials(study, tiny_cache, out) if t.arch == study.models[arch_index].arch
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +39,22 @@ def runs(tiny_cache, tmp_path_factory):
     from strict_collectives import strict_train_loop
 
     out = tmp_path_factory.mktemp("train")
-    return {
-        ("gpt2", 1): _train(tiny_cache, out / "w1", 0, 1),
-        # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node.
-        ("gpt2", 2): _train(tiny_cache, out / "w2", 0, 2, loop=strict_train_loop),
-        ("mamba", 1): _train(tiny_cache, out / "w1", 1, 1),
+    one_worker = {
+        ("gpt2", 1): _trial(tiny_cache, out / "w1", 0, 1),
+        ("mamba", 1): _trial(tiny_cache, out / "w1", 1, 1),
         # ADOPT-atan2 through DeepSpeed's ZeRO-1 wrapper (a client optimizer, not DeepSpeed's own Adam)
-        ("gpt2-adopt_atan2", 1): _train(tiny_cache, out / "adopt", 0, 1, optimizer="adopt_atan2"),
+        ("gpt2-adopt_atan2", 1): _trial(tiny_cache, out / "adopt", 0, 1, optimizer="adopt_atan2"),
         # Mixed precision runs on a CPU too: autocast to bfloat16, fp32 parameters and optimizer state.
-        ("gpt2-bf16", 1): _train(tiny_cache, out / "bf16", 0, 1, precision="bf16"),
+        ("gpt2-bf16", 1): _trial(tiny_cache, out / "bf16", 0, 1, precision="bf16"),
     }
+    # One worker group trains these one after another, as a study's pack does: each builds its own model,
+    # optimizer and engine.
+    fit_pack(TrialPack(tuple(trial for _, trial in one_worker.values())))
+    # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node.
+    two_workers = _trial(tiny_cache, out / "w2", 0, 2)
+    fit_pack(TrialPack((two_workers[1],)), loop=strict_train_loop)
+    runs = one_worker | {("gpt2", 2): two_workers}
+    return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
 
 
 def _digests(trial_dir: Path) -> list[int]:
