@@ -4,7 +4,8 @@ rayb trains through Ray Tune, Ray Train and DeepSpeed, then evaluates and report
 rayb's reverse test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule,
 scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
 only the `lm` suite, for one seed and for N seeds, from a token cache already built (data preparation is
-timed on its own, from nothing).
+timed on its own, from nothing). The stack's floor (FLOOR below) is timed too: what a run on Ray Tune,
+Ray Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come.
 
     python bench/overhead.py                  # 1 and 3 seeds (about 6 minutes on 2 cores)
     python bench/overhead.py --seeds 5 --smoke  # also the whole smoke study from nothing, timed
