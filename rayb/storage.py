@@ -180,7 +180,8 @@ def push(location: str | Path, *, last: tuple[str, ...] = (), keep: bool = False
     fs, path = filesystem(str(location))
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
     for file in sorted(files, key=lambda f: f.name in last):
-        stamp = (file.stat().st_size, file.stat().st_mtime_ns)
+        stat = file.stat()
+        stamp = (stat.st_size, stat.st_mtime_ns)
         if keep and _kept.get(file) == stamp:
             continue
         relative = file.relative_to(source).as_posix() if file != source else ""
