@@ -86,12 +86,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def free_port() -> int:
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports. Their sockets stay bound until all are chosen: a port freed at once can be
+    handed out again by the next bind, and a Ray node given one port for two components refuses to start."""
+    import contextlib
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 S3_ENV = {
@@ -110,7 +115,7 @@ def s3_server():
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    port = free_port()
+    (port,) = free_ports(1)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield S3_ENV | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import free_port
+from conftest import free_ports
 
 NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
               "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
@@ -54,6 +54,11 @@ class Node:
         self.process.wait()
 
 
+def _ports(flags: tuple[str, ...]) -> dict[str, int]:
+    """A distinct free port for each of a node's port flags."""
+    return dict(zip(flags, free_ports(len(flags)), strict=True))
+
+
 def _cmdline(proc) -> list[str]:
     import psutil
 
@@ -72,7 +77,7 @@ class LocalCluster:
     gcs: str = ""  # the head's, for `ray start --address`
 
     def start_head(self, num_cpus: int) -> Node:
-        ports = {flag: free_port() for flag in HEAD_PORTS}
+        ports = _ports(HEAD_PORTS)
         node = self._start(
             ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"], num_cpus, ports
         )
@@ -91,7 +96,7 @@ class LocalCluster:
     def add_node(self, num_cpus: int) -> Node:
         """A node joining the running cluster, as an autoscaler would add one; returns once Ray counts it."""
         before = set(self.alive_nodes())
-        node = self._start([f"--address={self.gcs}"], num_cpus, {flag: free_port() for flag in NODE_PORTS})
+        node = self._start([f"--address={self.gcs}"], num_cpus, _ports(NODE_PORTS))
         deadline = time.time() + 120
         while not (new := set(self.alive_nodes()) - before):
             assert node.process.poll() is None and time.time() < deadline, f"node did not join: {node.log()}"
