@@ -1,4 +1,4 @@
-"""Failures mid-study: a killed driver and a diverged trial lose nothing and count nothing twice."""
+"""Failures mid-study: a killed driver, a diverged trial and a failed one lose nothing and count nothing twice."""
 
 from __future__ import annotations
 
@@ -72,38 +72,40 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
     assert sorted(table.seed) == [0, 1, 2] and (table.status == "ok").all()
 
 
-def _beside_gpt2(builder: str, name: str, fault: dict, tmp_path) -> tuple[dict, object]:
-    """A one-seed study of gpt2 and a faulty copy of it (tests/faulty_models.py), written to a file."""
+def test_a_diverged_and_a_failed_trial_are_recorded_and_the_study_goes_on(ray_session, tmp_path):
+    """gpt2 beside two faulty copies of it (tests/faulty_models.py): one diverges, one raises."""
     raw = tiny_study_dict(seeds=[0])
     shape = {"d_model": 32, "n_layer": 2, "n_head": 2}
-    raw["models"] = [
-        raw["models"][0],
-        {"arch": f"faulty_models:{builder}", "name": name, "config": shape | fault},
-    ]
+    gpt2, *_ = raw["models"]
+    unstable = {"arch": "faulty_models:nan_after", "name": "unstable", "config": shape | {"nan_at": 5}}
+    broken = {"arch": "faulty_models:raises_at", "name": "broken", "config": shape | {"raise_at": 3}}
+    raw["models"] = [gpt2, unstable, broken]
     study_file = tmp_path / "study.yaml"
     study_file.write_text(yaml.safe_dump(raw))
-    return raw, study_file
-
-
-def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path):
-    # nan_at counts forward passes: 2 micro-batches per step, so the 5th is step 3.
-    raw, study_file = _beside_gpt2("nan_after", "unstable", {"nan_at": 5}, tmp_path)
-    result = CliRunner().invoke(app, ["run", str(study_file), "--output", str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(
+        app, ["run", str(study_file), "--output", str(tmp_path / "out")], env={"COLUMNS": "300"}
+    )
+    assert result.exit_code == 1, result.output  # a trial failed; the rest of the study stands
     (study_dir,) = (tmp_path / "out" / "studies").iterdir()
     table = read_results(study_dir / "results.parquet").set_index("model")
-    assert table.loc["unstable", "status"] == "diverged"
-    assert table.loc["unstable", "steps"] == 3
     assert table.loc["gpt2", "status"] == "ok"
+    # nan_at counts forward passes: 2 micro-batches per step, so the 5th is step 3.
+    assert table.loc["unstable", "status"] == "diverged" and table.loc["unstable", "steps"] == 3
     verdict = json.loads((study_dir / "results.json").read_text())
     assert {"model": "unstable", "seed": 0, "lr": 0.003, "status": "diverged", "step": 3} in verdict[
         "excluded"
     ]
     assert [r["model"] for r in verdict["rows"]] == ["gpt2"]
+    # Ray Train retried the broken model's worker group and gave up; Tune did not start the pack again.
+    assert table.loc["broken", "status"] == "error"
+    broken = next(t for t in study_status(study_dir).trials if t.model == "broken")
+    assert broken.state == "failed" and broken.error.endswith("error.txt")
+    assert "injected failure at forward pass 3" in open(broken.error).read()
+    assert f"traceback: {broken.error}" in " ".join(result.output.split())
 
     # The same trials judged against the diverged model: no verdict can be drawn. That is a study error
     # with its message, not a traceback, and everything computed so far is kept (nothing is retrained).
-    raw["verdict"] = {"reference": "unstable"}
+    raw |= {"models": [gpt2, unstable], "verdict": {"reference": "unstable"}}
     study_file.write_text(yaml.safe_dump(raw))
     failed = CliRunner().invoke(app, ["run", str(study_file), "--output", str(tmp_path / "out")])
     assert failed.exit_code == 1 and "Traceback" not in failed.output, failed.output
@@ -117,19 +119,3 @@ def test_diverged_trial_is_recorded_and_the_study_goes_on(ray_session, tmp_path)
         len(read_results(judged / "results.parquet")) == 2
         and "ValueError" in (judged / "error.txt").read_text()
     )
-
-
-def test_a_failed_trial_shows_where_its_traceback_is_and_the_study_goes_on(ray_session, tmp_path):
-    _, study_file = _beside_gpt2("raises_at", "broken", {"raise_at": 3}, tmp_path)
-    result = CliRunner().invoke(
-        app, ["run", str(study_file), "--output", str(tmp_path / "out")], env={"COLUMNS": "300"}
-    )
-    assert result.exit_code == 1, result.output  # a trial failed; the rest of the study stands
-    (study_dir,) = (tmp_path / "out" / "studies").iterdir()
-    table = read_results(study_dir / "results.parquet").set_index("model")
-    assert table.loc["gpt2", "status"] == "ok" and table.loc["broken", "status"] == "error"
-    # Ray Train retried the worker group and gave up; Tune did not start the pack again.
-    broken = next(t for t in study_status(study_dir).trials if t.model == "broken")
-    assert broken.state == "failed" and broken.error.endswith("error.txt")
-    assert "injected failure at forward pass 3" in open(broken.error).read()
-    assert f"traceback: {broken.error}" in " ".join(result.output.split())

@@ -179,37 +179,11 @@ def test_adaptive_seeds_add_rounds_until_each_comparison_is_decided(study_run, t
     assert rerun.exit_code == 0 and "trained 0 trials" in rerun.output
 
 
-def test_rays_own_output_goes_to_files_unless_asked_for(ray_session, tmp_path):
-    """A driver of its own (as `ray job submit` runs it) on the shared cluster: Ray's driver-side records,
-    Tune's blocks, Ray Data's progress and the workers' output stay off the terminal; rayb says once
-    where they are."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    import ray
-
-    raw = tiny_study_dict(name="quiet", models=tiny_study_dict()["models"][:1], seeds=1)
-    (tmp_path / "quiet.yaml").write_text(yaml.safe_dump(raw))
-    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, "COLUMNS": "200"}
-    run = subprocess.run(
-        [sys.executable, "-m", "rayb.cli", "run", "quiet.yaml", "--output", "out"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
-    output = run.stdout + run.stderr
-    for noise in ("RayTrainWorker", "Configuration for experiment", "View detailed results", "streaming_executor",
-                  "Trial _trainable"):  # fmt: skip
-        assert noise not in output, noise
-    (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", output)
-    assert os.path.isabs(logs) and os.path.isfile(logs)
-    assert "trained 1 trials" in output
-
-
 def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
-    """`rayb run` in a pseudo-terminal: the live trial table is drawn, and the screen ends with the
-    comparison table and the gate."""
+    """`rayb run` in a pseudo-terminal, a driver of its own (as `ray job submit` runs it) on the shared
+    cluster: the live trial table is drawn, and the screen ends with the comparison table and the gate.
+    Ray's driver-side records, Tune's blocks, Ray Data's progress and the workers' output stay off the
+    terminal; rayb says once where they are."""
     import os
     import pty
     import re
@@ -242,3 +216,8 @@ def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
     assert re.search(r"gpt2\s+│\s+0\s+│\s+0\.003\s+│\s+\d+/24", text)  # a trial's row with its step
     tail = text[text.rindex("live: 2 trials") :]
     assert "gpt2 (ref)" in tail and "Gate, mamba vs gpt2: " in tail  # then the verdict, last
+    for noise in ("RayTrainWorker", "Configuration for experiment", "View detailed results", "streaming_executor",
+                  "Trial _trainable"):  # fmt: skip
+        assert noise not in text, noise
+    (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", text)
+    assert os.path.isabs(logs) and os.path.isfile(logs)
