@@ -36,7 +36,7 @@ from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
-from rayb.tune.packs import pack_trials, trial_slots, unfittable
+from rayb.tune.packs import left_free, pack_trials, trial_slots, unfittable
 
 
 @dataclass
@@ -263,8 +263,11 @@ def run_study(
                 if study.seed_rounds is not None:
                     log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
                 trained += sum(len(p.pending) for p in packs)
-                groups = max(groups, min(slots, len(packs)))
-                errors |= run_packs(packs, storage.join(out, "ray", "tune"), min(slots, len(packs)))
+                at_once = min(slots, len(packs))
+                groups = max(groups, at_once)
+                if not study.train.use_gpu and len(capacity.nodes) == 1:
+                    evaluations.stand_by(left_free(study.train, capacity, at_once)["CPU"])
+                errors |= run_packs(packs, storage.join(out, "ray", "tune"), at_once)
                 if study.seed_rounds is None:
                     break
                 await_held_out_loss(study, wanted, evaluated)

@@ -1,5 +1,5 @@
 """The eval pool evaluates trials while others are still training: a job runs as soon as it is fed, and
-no actor waits idle on resources that training may need."""
+no actor waits idle on resources that training may need; only CPUs no trial can use hold actors that wait."""
 
 from __future__ import annotations
 
@@ -57,7 +57,42 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
         assert read_result(Path(trial.trial_dir), "lm", {})["status"] == "ok"
 
 
-def _alive_eval_actors() -> int:
+def _alive_eval_actors() -> list[str]:
     from ray.util.state import list_actors
 
-    return len(list_actors(filters=[("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")]))
+    return [
+        a.actor_id for a in list_actors(filters=[("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")])
+    ]
+
+
+def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
+    ray_session, tiny_cache, tmp_path
+):
+    """With a CPU no trial can use (EvalPool.stand_by), an actor starts before the feed hands over any
+    job, and the same actor is still there for the next job once the first has finished."""
+    first, second = (_saved_trial(name, tiny_cache, tmp_path) for name in ("first", "second"))
+    (first_job,), (second_job,) = (evaluation_jobs([t], ["lm"], {}) for t in (first, second))
+    deadline, handed, standing = time.time() + 120, [], []
+
+    def feed():
+        assert time.time() < deadline, "no actor stood by, or it did not wait for the next job"
+        alive = _alive_eval_actors()
+        if not handed:
+            if alive:  # started with nothing to do
+                standing.extend(alive)
+                handed.append(first_job)
+                return [first_job], True
+            return [], True
+        if not Path(first_job.out).exists():
+            return [], True
+        assert alive == standing  # out of jobs, it waits instead of being let go
+        handed.append(second_job)
+        return [second_job], False
+
+    pool = EvalPool(num_actors=1, use_gpu=False, log=lambda _: None)
+    pool.stand_by(spare_cpus=1)
+    assert pool.serve(feed) == {} and handed == [first_job, second_job]
+    while _alive_eval_actors():  # nothing outlives the pool
+        assert time.time() < deadline, "an eval actor outlived its pool"
+        time.sleep(0.5)
+    assert read_result(Path(second.trial_dir), "lm", {})["status"] == "ok"

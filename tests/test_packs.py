@@ -8,7 +8,15 @@ from conftest import tiny_study_dict
 from rayb.study import StudyError, parse_study
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
-from rayb.tune.packs import Capacity, groups_fitting, pack_trials, split_groups, trial_slots, unfittable
+from rayb.tune.packs import (
+    Capacity,
+    groups_fitting,
+    left_free,
+    pack_trials,
+    split_groups,
+    trial_slots,
+    unfittable,
+)
 
 
 def _trials(models=("gpt2", "mamba"), lrs=(3e-3,), seeds=(0, 1, 2), **train) -> list[TrialSpec]:
@@ -84,6 +92,14 @@ def test_slots_count_each_trials_real_resources_node_by_node():
     # A cluster that scales up from no GPUs still plans its trials side by side.
     scaling = Capacity(({"CPU": 4.0},), autoscaled={"CPU": 4.0 + 4 * 96, "GPU": 32.0})
     assert trial_slots(TrainSpec(use_gpu=True), scaling) == 32
+
+
+def test_what_the_worker_groups_leave_free_is_left_for_evaluation():
+    two_cores = Capacity(({"CPU": 2.0},))
+    assert left_free(TrainSpec(), two_cores, groups=1) == {"CPU": 1.0}  # one seed: a core stays free
+    assert left_free(TrainSpec(), two_cores, groups=2) == {"CPU": 0.0}
+    gpus = Capacity(({"CPU": 16.0, "GPU": 8.0},))
+    assert left_free(TrainSpec(use_gpu=True, gpus_per_trial=0.25), gpus, groups=8) == {"CPU": 8.0, "GPU": 6.0}
 
 
 def test_a_cluster_that_can_never_fit_a_trial_is_named_with_what_is_missing():

@@ -150,8 +150,12 @@ def evaluate(
 class EvalPool:
     """Eval actors fed while training goes on: a trial's jobs start as soon as the feed hands them over,
     on actors beside the trials still training. `serve` returns once the feed is closed and every job
-    it gave has finished. An actor lives only while jobs wait for it: an idle one would hold CPUs or
-    GPUs that a trial still to start may be waiting for, and that trial's end is what closes the feed."""
+    it gave has finished.
+
+    By default an actor lives only while jobs wait for it: an idle one would hold CPUs or GPUs that a
+    trial still to start may be waiting for, and that trial's end is what closes the feed. `stand_by`
+    names CPUs no trial can use: that many actors start before the first job (their imports then
+    overlap the trials' start-up) and wait for the next job instead of each job's actor starting anew."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
 
@@ -161,7 +165,15 @@ class EvalPool:
         self.submitted = 0
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
         self._live: dict[float, int] = {}  # per GPU share: actors alive
+        self._idle: list = []  # CPU actors waiting for a job (GPU ones never wait)
         self._running: dict = {}  # result ref -> (actor, GPU share)
+        self._standing = 0  # CPU actors that may live without a job
+
+    def stand_by(self, spare_cpus: float) -> None:
+        """From the training side (any thread), on a CPU study: `spare_cpus` stay free on the cluster's one
+        node while every worker group trains (one node: placing actors there cannot split what a group
+        needs). As many actors as they hold start before any job and may wait for the next one."""
+        self._standing = max(0, min(int(spare_cpus // self.threads), self.num_actors))
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
@@ -176,7 +188,7 @@ class EvalPool:
                         self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
                     for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
                         queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
-                self._start_actors()
+                self._start_actors(more)
                 if not self._running:
                     if not more:
                         break
@@ -193,37 +205,55 @@ class EvalPool:
                     )
                     if result["status"] != "ok":
                         errors[(key, suite)] = result["error"]
-        finally:  # stopped early: abandon the running jobs (finished results are all on disk)
-            for handle, _ in self._running.values():
+        finally:  # stopped early, the running jobs are abandoned (finished results are all on disk)
+            for handle in [h for h, _ in self._running.values()] + self._idle:
                 ray.kill(handle)
         return errors
 
-    def _start_actors(self) -> None:
-        """Start an actor for each queued job, up to `num_actors` per GPU share."""
+    def _start_actors(self, more: bool) -> None:
+        """Give each queued job an idle actor, or start one, up to `num_actors` per GPU share; then stop
+        the idle actors beyond those standing by, and while jobs may still come, start the rest of them."""
         for gpus, queue in self._queues.items():
-            while queue and self._live.get(gpus, 0) < self.num_actors:
-                self._live[gpus] = self._live.get(gpus, 0) + 1
-                self._next_job(self._actor(gpus), gpus)
+            while queue and ((self._idle and gpus == 0.0) or self._live.get(gpus, 0) < self.num_actors):
+                self._next_job(self._idle.pop() if self._idle and gpus == 0.0 else self._actor(gpus), gpus)
+        while self._idle and self._live.get(0.0, 0) > self._standing:
+            self._stop(self._idle.pop(), 0.0)
+        while more and self._live.get(0.0, 0) < self._standing:
+            self._idle.append(self._actor(0.0))
 
     def _next_job(self, handle, gpus: float) -> None:
-        """Give an actor the next job of its GPU share; stop it when there is none."""
-        import ray
-
+        """Give an actor the next job of its GPU share; with none, let it wait if it stands by, else stop it."""
         if queue := self._queues.get(gpus):
             self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+        elif gpus == 0.0 and self._live.get(0.0, 0) <= self._standing:
+            self._idle.append(handle)
         else:
-            ray.kill(handle)
-            self._live[gpus] -= 1
+            self._stop(handle, gpus)
 
     def _actor(self, gpus: float):
         import ray
 
+        self._live[gpus] = self._live.get(gpus, 0) + 1
         return ray.remote(_EvalActor).options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads)
+
+    def _stop(self, handle, gpus: float) -> None:
+        import ray
+
+        ray.kill(handle)
+        self._live[gpus] -= 1
 
 
 class _EvalActor:
     def __init__(self, threads: int):
         self.threads = threads
+        # What every job imports, imported as the actor starts: an actor standing by (EvalPool.stand_by)
+        # does it while the trials are still starting.
+        import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)
+
+        import rayb.data.tokenizer  # noqa: F401
+        import rayb.eval.lm  # noqa: F401
+        import rayb.models.checkpoint  # noqa: F401
+        import rayb.models.pretrained  # noqa: F401
 
     def run(self, job: EvalJob) -> tuple[str, str, dict[str, Any]]:
         result = run_job(job, self.threads)
