@@ -35,8 +35,8 @@ from rayb.results import RESULTS_NAME, ResultRow, write_results
 from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
-from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
-from rayb.tune.packs import left_free, pack_trials, trial_slots, unfittable
+from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
+from rayb.tune.packs import Capacity, left_free, pack_trials, trial_slots, unfittable
 
 
 @dataclass
@@ -248,8 +248,8 @@ def run_study(
             + (" in rounds of seeds" if study.seed_rounds else "")
             + ", evaluating each as it finishes ..."
         )
-        evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log)
-        feed = FinishedTrials(study, trials)
+        feed = FinishedTrials(study, trials, capacity)
+        evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus)
         stages.end("planning")
         trained, groups = 0, 0
         # Claimed while they train: a run of another study that shares one refuses, naming this run.
@@ -265,8 +265,7 @@ def run_study(
                 trained += sum(len(p.pending) for p in packs)
                 at_once = min(slots, len(packs))
                 groups = max(groups, at_once)
-                if not study.train.use_gpu and len(capacity.nodes) == 1:
-                    evaluations.stand_by(left_free(study.train, capacity, at_once)["CPU"])
+                feed.packs, feed.slots = packs, slots
                 errors |= run_packs(packs, storage.join(out, "ray", "tune"), at_once)
                 if study.seed_rounds is None:
                     break
@@ -380,9 +379,23 @@ class FinishedTrials:
     """An EvalPool's feed: each trial's evaluation jobs, handed over once, as soon as its training has
     finished (pretrained references and trials finished by an earlier run at once)."""
 
-    def __init__(self, study: Study, trials: list[TrialSpec]):
-        self.study, self.waiting = study, list(trials)
+    def __init__(self, study: Study, trials: list[TrialSpec], capacity: Capacity):
+        self.study, self.waiting, self.capacity = study, list(trials), capacity
         self.training_over = threading.Event()
+        self.packs: list[TrialPack] = []  # the round of packs training now, run `slots` at a time
+        self.slots = 0
+
+    def spare_cpus(self) -> float:
+        """CPUs that no worker group of this round can use, now or later: the unfinished packs' groups
+        (as many as run at once) hold theirs. Only for a CPU study on one node, where a count is exact:
+        actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
+        if self.study.train.use_gpu or len(self.capacity.nodes) != 1:
+            return 0.0
+        waiting = {t.key for t in self.waiting}
+        unfinished = sum(any(t.key in waiting for t in p.trials) for p in self.packs)
+        if not unfinished:  # between rounds and once training is over, no actor need wait
+            return 0.0
+        return left_free(self.study.train, self.capacity, min(self.slots, unfinished))["CPU"]
 
     def __call__(self) -> tuple[list[EvalJob], bool]:
         from rayb.eval.actors import evaluation_jobs

@@ -68,8 +68,8 @@ def _alive_eval_actors() -> list[str]:
 def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
     ray_session, tiny_cache, tmp_path
 ):
-    """With a CPU no trial can use (EvalPool.stand_by), an actor starts before the feed hands over any
-    job, and the same actor is still there for the next job once the first has finished."""
+    """With a CPU no trial can use (`spare_cpus`), an actor starts before the feed hands over any job, and
+    the same actor is still there for the next job once the first has finished."""
     first, second = (_saved_trial(name, tiny_cache, tmp_path) for name in ("first", "second"))
     (first_job,), (second_job,) = (evaluation_jobs([t], ["lm"], {}) for t in (first, second))
     deadline, handed, standing = time.time() + 120, [], []
@@ -89,8 +89,7 @@ def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
         handed.append(second_job)
         return [second_job], False
 
-    pool = EvalPool(num_actors=1, use_gpu=False, log=lambda _: None)
-    pool.stand_by(spare_cpus=1)
+    pool = EvalPool(num_actors=1, use_gpu=False, log=lambda _: None, spare_cpus=lambda: 1.0)
     assert pool.serve(feed) == {} and handed == [first_job, second_job]
     while _alive_eval_actors():  # nothing outlives the pool
         assert time.time() < deadline, "an eval actor outlived its pool"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from conftest import tiny_study_dict
 
@@ -158,3 +161,41 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
     text = " ".join(result.output.split())
     assert "On 1 GPUs, 4 worker groups: (gpt2 ×5) (gpt2 ×5) (mamba ×5)" in text
     assert "4 groups at once (4 fit, 4 to a GPU)" in text
+
+
+def test_spare_cpus_are_those_no_unfinished_pack_can_use(tmp_path):
+    """On a 2-core node, two packs train at once: no CPU is spare until one pack has finished every
+    trial; one pack of one seed leaves a core spare from the start; none once training is over."""
+    import json
+
+    from rayb.runner import FinishedTrials
+    from rayb.train.trial import TRAIN_DONE
+
+    study = parse_study(tiny_study_dict())
+    trials = [replace(t, trial_dir=str(tmp_path / t.key)) for t in _trials(seeds=(0, 1))]
+    one_node = Capacity(({"CPU": 2.0},))
+    feed = FinishedTrials(study, trials, one_node)
+    feed.packs, feed.slots = pack_trials(trials, slots=2, cores=2), 2
+    first, second = feed.packs
+
+    def finish(trial: TrialSpec) -> None:
+        Path(trial.trial_dir).mkdir()
+        Path(trial.trial_dir, TRAIN_DONE).write_text(json.dumps({"status": "failed"}))
+        feed()
+
+    assert feed.spare_cpus() == 0
+    finish(first.trials[0])
+    assert feed.spare_cpus() == 0  # the first pack still trains its second trial
+    finish(first.trials[1])
+    assert feed.spare_cpus() == 1
+    for trial in second.trials:
+        finish(trial)
+    assert feed.spare_cpus() == 0  # nothing trains: no actor need wait
+
+    feed = FinishedTrials(study, trials[:1], one_node)
+    feed.packs, feed.slots = pack_trials(trials[:1], slots=2, cores=2), 2
+    assert feed.spare_cpus() == 1  # one seed on two cores
+    two_nodes = Capacity(({"CPU": 2.0}, {"CPU": 2.0}))
+    feed = FinishedTrials(study, trials[:1], two_nodes)
+    feed.packs, feed.slots = pack_trials(trials[:1], slots=4, cores=4), 4
+    assert feed.spare_cpus() == 0  # actors there could split what a group needs on one node

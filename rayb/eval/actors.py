@@ -153,14 +153,19 @@ class EvalPool:
     it gave has finished.
 
     By default an actor lives only while jobs wait for it: an idle one would hold CPUs or GPUs that a
-    trial still to start may be waiting for, and that trial's end is what closes the feed. `stand_by`
-    names CPUs no trial can use: that many actors start before the first job (their imports then
-    overlap the trials' start-up) and wait for the next job instead of each job's actor starting anew."""
+    trial still to start may be waiting for, and that trial's end is what closes the feed. CPUs that no
+    worker group can use (`spare_cpus`, asked at each poll) hold actors that start before any job (their
+    imports then overlap the trials' start-up) and wait for the next job instead of each job's actor
+    starting anew."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
 
-    def __init__(self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print):
+    def __init__(
+        self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
+        spare_cpus: Callable[[], float] = lambda: 0.0,
+    ):  # fmt: skip
         self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
+        self.spare_cpus = spare_cpus
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
@@ -168,12 +173,6 @@ class EvalPool:
         self._idle: list = []  # CPU actors waiting for a job (GPU ones never wait)
         self._running: dict = {}  # result ref -> (actor, GPU share)
         self._standing = 0  # CPU actors that may live without a job
-
-    def stand_by(self, spare_cpus: float) -> None:
-        """From the training side (any thread), on a CPU study: `spare_cpus` stay free on the cluster's one
-        node while every worker group trains (one node: placing actors there cannot split what a group
-        needs). As many actors as they hold start before any job and may wait for the next one."""
-        self._standing = max(0, min(int(spare_cpus // self.threads), self.num_actors))
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
@@ -188,6 +187,7 @@ class EvalPool:
                         self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
                     for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
                         queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
+                self._standing = max(0, min(int(self.spare_cpus() // self.threads), self.num_actors))
                 self._start_actors(more)
                 if not self._running:
                     if not more:
@@ -222,7 +222,8 @@ class EvalPool:
             self._idle.append(self._actor(0.0))
 
     def _next_job(self, handle, gpus: float) -> None:
-        """Give an actor the next job of its GPU share; with none, let it wait if it stands by, else stop it."""
+        """Give an actor the next job of its GPU share; with none, let it wait if spare CPUs hold it, else
+        stop it."""
         if queue := self._queues.get(gpus):
             self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
         elif gpus == 0.0 and self._live.get(0.0, 0) <= self._standing:
@@ -246,8 +247,8 @@ class EvalPool:
 class _EvalActor:
     def __init__(self, threads: int):
         self.threads = threads
-        # What every job imports, imported as the actor starts: an actor standing by (EvalPool.stand_by)
-        # does it while the trials are still starting.
+        # What every job imports, imported as the actor starts: an actor on a spare CPU (EvalPool) does it
+        # while the trials are still starting.
         import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)
 
         import rayb.data.tokenizer  # noqa: F401
