@@ -205,7 +205,7 @@ class EvalPool:
                     )
                     if result["status"] != "ok":
                         errors[(key, suite)] = result["error"]
-        finally:  # stopped early, the running jobs are abandoned (finished results are all on disk)
+        finally:  # idle actors go; running jobs are left only when stopped early (results are on disk)
             for handle in [h for h, _ in self._running.values()] + self._idle:
                 ray.kill(handle)
         return errors
