@@ -214,8 +214,9 @@ class EvalPool:
         """Give each queued job an idle actor, or start one, up to `num_actors` per GPU share; then stop
         the idle actors beyond those standing by, and while jobs may still come, start the rest of them."""
         for gpus, queue in self._queues.items():
-            while queue and ((self._idle and gpus == 0.0) or self._live.get(gpus, 0) < self.num_actors):
-                self._next_job(self._idle.pop() if self._idle and gpus == 0.0 else self._actor(gpus), gpus)
+            idle = self._idle if gpus == 0.0 else []
+            while queue and (idle or self._live.get(gpus, 0) < self.num_actors):
+                self._next_job(idle.pop() if idle else self._actor(gpus), gpus)
         while self._idle and self._live.get(0.0, 0) > self._standing:
             self._stop(self._idle.pop(), 0.0)
         while more and self._live.get(0.0, 0) < self._standing:
