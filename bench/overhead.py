@@ -9,6 +9,7 @@ Ray Train and DeepSpeed costs with nothing trained, a bound on how close any suc
 
     python bench/overhead.py                  # 1 and 3 seeds (about 6 minutes on 2 cores)
     python bench/overhead.py --seeds 5 --smoke  # also the whole smoke study from nothing, timed
+    python bench/overhead.py --width 320      # a wider gpt2: longer trials, the same fixed costs
 
 Targets (issue 15): rayb ≤ 1.3× the plain loop; fixed cost ≤ 10 s per trial; data preparation ≤ 15 s;
 the smoke study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op, rayb's fused Mamba
@@ -46,7 +47,9 @@ def one_time_builds() -> dict[str, float]:
 
 # The stack's own floor: Ray's start, one Tune trial whose TorchTrainer starts one worker that imports
 # DeepSpeed and returns, and Ray's shutdown. Nothing is trained, evaluated or written: what any study run
-# on Ray Tune + Ray Train + DeepSpeed pays before its first step, whatever rayb does.
+# on Ray Tune + Ray Train + DeepSpeed pays before its first step, whatever rayb does. With "tune" as its
+# second argument, the Tune trial imports DeepSpeed itself, with no Train worker group: the difference is
+# what a worker group costs to start and stop.
 FLOOR = """
 import sys
 from ray import tune
@@ -54,21 +57,26 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from rayb.runtime import init_ray
 
+STORAGE, MODE = sys.argv[1:3]  # globals of __main__: pickled by value, so the remote trainable sees them
+
 def loop(config):
     import deepspeed
 
 def trainable(config):
+    if MODE == "tune":
+        return loop(config)
     TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=1),
-                 run_config=RunConfig(storage_path=sys.argv[1])).fit()
+                 run_config=RunConfig(storage_path=STORAGE)).fit()
 
 init_ray()
-tune.Tuner(tune.with_resources(trainable, {"CPU": 0, "memory": 2**29}),
-           run_config=tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()
+results = tune.Tuner(tune.with_resources(trainable, {"CPU": 0, "memory": 2**29}),
+                     run_config=tune.RunConfig(storage_path=STORAGE, verbose=0)).fit()
+sys.exit(f"the floor's trial failed: {results.errors}" if results.errors else 0)
 """
 
 
-def stack_floor(work: Path) -> float:
-    return _timed([sys.executable, "-c", FLOOR, str(work / "floor")])[0]
+def stack_floor(work: Path, mode: str) -> float:
+    return _timed([sys.executable, "-c", FLOOR, str(work / f"floor-{mode}"), mode])[0]
 
 
 def _timed(command: list[str], cwd: Path | None = None) -> tuple[float, str]:
@@ -84,9 +92,11 @@ def _timed(command: list[str], cwd: Path | None = None) -> tuple[float, str]:
     return wall, done.stdout
 
 
-def study_file(work: Path, name: str, seeds: int) -> Path:
+def study_file(work: Path, name: str, seeds: int, width: int) -> Path:
     raw = yaml.safe_load(SMOKE.read_text())
-    raw |= {"name": name, "seeds": seeds, "eval": ["lm"], "models": raw["models"][:1]}
+    gpt2 = raw["models"][0]
+    gpt2["config"]["d_model"] = width
+    raw |= {"name": name, "seeds": seeds, "eval": ["lm"], "models": [gpt2]}
     raw.pop("eval_options", None)
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -136,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", type=int, default=3, help="seeds in the N-seed comparison")
     parser.add_argument("--smoke", action="store_true", help="also time the whole smoke study from nothing")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=128,
+        help="the gpt2's d_model (the smoke study's is 128; wider trains longer per step)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temp dir)")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="rayb-overhead-"))
@@ -145,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     builds = one_time_builds()
     print("one-time builds (cached after): " + ", ".join(f"{k} {v:.1f} s" for k, v in builds.items()))
 
-    one, many = study_file(work, "one", 1), study_file(work, f"seeds{args.seeds}", args.seeds)
+    one = study_file(work, "one", 1, args.width)
+    many = study_file(work, f"seeds{args.seeds}", args.seeds, args.width)
     prep_wall, _ = _timed(
         [sys.executable, "-m", "rayb.cli", "data", "prepare", str(one), "--output", str(work / "prep")]
     )
@@ -154,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data preparation of the smoke corpus: {build_s:.1f} s building the cache, {prep_wall:.1f} s as a "
           "process with Ray's start (target ≤ 15 s)")  # fmt: skip
 
-    floor = stack_floor(work)
+    floor, tune_only = stack_floor(work, "train"), stack_floor(work, "tune")
     print(f"the stack's floor (Ray's start, one Tune trial, one Train worker importing DeepSpeed, nothing "
-          f"trained): {floor:.1f} s")  # fmt: skip
+          f"trained): {floor:.1f} s; of which Train's worker group {floor - tune_only:.1f} s (the same Tune "
+          f"trial importing DeepSpeed itself: {tune_only:.1f} s)")  # fmt: skip
     for label, study in (("1 seed", one), (f"{args.seeds} seeds", many)):
         run = rayb_run(study, work / label.replace(" ", "-"), work / "prep" / "cache")
         plain = plain_loop(run["study_dir"], threads)
