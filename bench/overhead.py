@@ -9,7 +9,7 @@ Ray Train and DeepSpeed costs with nothing trained, a bound on how close any suc
 
     python bench/overhead.py                  # 1 and 3 seeds (about 6 minutes on 2 cores)
     python bench/overhead.py --seeds 5 --smoke  # also the whole smoke study from nothing, timed
-    python bench/overhead.py --width 320      # a wider gpt2: longer trials, the same fixed costs
+    python bench/overhead.py --width 256      # a wider gpt2: longer trials, the same fixed costs
 
 Targets (issue 15): rayb ≤ 1.3× the plain loop; fixed cost ≤ 10 s per trial; data preparation ≤ 15 s;
 the smoke study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op, rayb's fused Mamba
