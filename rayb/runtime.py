@@ -34,7 +34,7 @@ def init_ray(ray_logs: Path | None = None) -> None:
     # - Ray's forced gc.collect() in every worker process at most every 5 minutes, not every 10 s. From
     #   about 70 s into a run the raylet asked all 14 processes of a 2-pack study for one every 10 s
     #   ("Sending Python GC request" in raylet.out), on heaps holding torch and transformers: that took
-    #   CPU from training, whose steps ran 9% slower over ten seeds on 2 cores. Python's own
+    #   CPU from training, whose steps took 10-14% longer over ten seeds on 2 cores. Python's own
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
     ray.init(
