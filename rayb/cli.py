@@ -57,6 +57,27 @@ def validate(study_file: Path) -> None:
         console.print(f"  {model.label}: {_model_line(model)}", highlight=False)
     for warning in _size_warnings(study, plan):
         console.print(f"  [yellow]{escape(warning)}[/yellow]", highlight=False)
+    _self_checks(study, study.data.nominal_vocab)
+
+
+def _self_checks(study, vocab_size: int) -> None:
+    """models/selfcheck.py's checks here, on the CPU in fp32 (`rayb run` repeats them where the trials
+    run: a GPU study's on a GPU worker, in its precision); a failure not overridden exits with code 2."""
+    from rayb.models import selfcheck
+    from rayb.report.provenance import versions
+
+    models = selfcheck.study_models(study, vocab_size)
+    results = selfcheck.check_models(
+        models, vocab_size, study.data.seq_len, decoding=bool(study.decoding_suites)
+    )
+    where = " (on this CPU; `rayb run` checks again on a GPU worker)" if study.train.use_gpu else ""
+    console.print(f"  self-checks{where}:", highlight=False)
+    for result in results:
+        colour = "red" if result.failed else "dim"
+        console.print(f"    [{colour}]{escape(result.describe())}[/{colour}]", highlight=False)
+    if failed := selfcheck.blocking(study, results):
+        console.print(f"[red]{escape(selfcheck.failure_message(failed, versions()))}[/red]", highlight=False)
+        raise typer.Exit(code=2)
 
 
 def _size_warnings(study, plan) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from rayb import storage
+from rayb import pinned, storage
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EvalJob, EvalPool, read_result
@@ -217,11 +217,16 @@ def run_study(
         stages.end("data")
         provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
         write_json_atomic(storage.join(study_dir, PROVENANCE_NAME), provenance)
+        if differs := provenance["pinned"]["differs"]:
+            log(pinned.summary({name: tuple(pair) for name, pair in differs.items()}))
         if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
             raise StudyError(
                 f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
                 f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
             )
+        provenance["self_checks"] = self_checks(study, cache.manifest["vocab_size"], provenance, log)
+        write_json_atomic(storage.join(study_dir, PROVENANCE_NAME), provenance)
+        stages.end("self_checks")
         checkpoints = resolve_checkpoints(study, out, log)
         check_init_tokenizers(study, cache, checkpoints)
         trials = plan_trials(study, cache, out, checkpoints)
@@ -364,6 +369,28 @@ class Stages:
         now = time.perf_counter()
         self.seconds[f"{stage}_s"] = round(now - self._since, 3)
         self._since = now
+
+
+def self_checks(study: Study, vocab_size: int, provenance: dict[str, Any], log) -> list[dict[str, Any]]:
+    """models/selfcheck.py's checks of every trained model, where its trials will run (a GPU worker for a
+    GPU study). A failure the study file does not override stops the study before anything trains; an
+    overridden one is logged, and the report marks the scores it affects."""
+    from rayb.models import selfcheck
+
+    models = selfcheck.study_models(study, vocab_size)
+    decoding, dtypes = bool(study.decoding_suites), selfcheck.study_dtypes(study)
+    if study.train.use_gpu:
+        from rayb.train.trainer import gpu_self_checks
+
+        results = gpu_self_checks(models, vocab_size, study.data.seq_len, *dtypes, decoding)
+    else:
+        results = selfcheck.check_models(models, vocab_size, study.data.seq_len, "cpu", *dtypes, decoding)
+    if failed := selfcheck.blocking(study, results):
+        raise StudyError(selfcheck.failure_message(failed, provenance["versions"]))
+    for result in results:
+        if result.failed:
+            log(f"self-check failed, overridden by the study file: {result.describe()}")
+    return selfcheck.records(results)
 
 
 def check_kernels(archs: list[str]) -> None:

@@ -22,7 +22,7 @@ from rayb.analysis.spec import SeedRoundsSpec, VerdictSpec, significance_rule
 from rayb.data.spec import DataSpec
 from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, parse_suite
 from rayb.files import digest
-from rayb.models.spec import ModelSpec
+from rayb.models.spec import ChecksSpec, ModelSpec
 from rayb.spec import Spec, added_field
 from rayb.track.spec import TrackingSpec
 from rayb.train.spec import SCHEDULING_FIELDS, TrainSpec
@@ -70,6 +70,9 @@ class Study(Spec):
     verdict: VerdictSpec = VerdictSpec()
     tracking: TrackingSpec = added_field(
         TrackingSpec(), description="experiment trackers that mirror every trial: tensorboard, mlflow, wandb"
+    )
+    checks: ChecksSpec = added_field(
+        ChecksSpec(), description="self-checks whose failure a study may override (the report marks it)"
     )
     output_dir: str = Field(
         default="rayb_out",
@@ -142,6 +145,9 @@ class Study(Spec):
             raise ValueError(f"model labels must be unique (set `name` to tell them apart), got {labels}")
         if not self.trained_models:
             raise ValueError("every model is pretrained: a study trains at least one model")
+        for field in ("allow_decoding_mismatch", "allow_fast_path_mismatch"):
+            if unknown := sorted(set(getattr(self.checks, field)) - set(labels)):
+                raise ValueError(f"checks.{field}: {unknown} are not model labels; one of {labels}")
         if (reference := self.verdict.reference) is not None:
             if reference not in labels:
                 raise ValueError(f"verdict.reference '{reference}' is not a model label; one of {labels}")
@@ -228,6 +234,11 @@ class Study(Spec):
         return significance_rule(self.verdict.gate, self.seed_rounds)
 
     @property
+    def decoding_suites(self) -> list[str]:
+        """The suites whose scores come from token-by-token decoding (a model's cache or state)."""
+        return [suite for suite in self.eval if parse_suite(suite)[0].decodes]
+
+    @property
     def trained_models(self) -> list[ModelSpec]:
         return [m for m in self.models if not m.pretrained]
 
@@ -254,8 +265,9 @@ class Study(Spec):
         return config, cost, steps
 
     def fingerprint(self) -> str:
-        # Trackers only mirror results: turning one on keeps the study's directory and finished work.
-        return digest({k: v for k, v in self.hashed().items() if k != "tracking"})
+        # Trackers only mirror results, and a check's override only marks them: turning either on keeps
+        # the study's directory and finished work.
+        return digest({k: v for k, v in self.hashed().items() if k not in ("tracking", "checks")})
 
     def trial_key(
         self, model: ModelSpec, lr: float, seed: int, data_key: str, weights: str | None = None,

@@ -1,6 +1,7 @@
 """Token-by-token decoding with each architecture's own memory: a KV cache, a recurrent state, or none.
 
-* transformers models: their cache (`past_key_values`, or Mamba's `cache_params`), via `use_cache`.
+* transformers models: their cache, via `use_cache`, under the name the installed transformers gives it
+  (`cache` from 5.24; `past_key_values`, or Mamba's `cache_params`, before).
 * rayb's recurrent models (and any model whose forward takes `state` and `return_state`): the state.
 * anything else (nanoGPT, a user's candidate without a cache): the whole prefix again for every
   token; `Decoder.memory` says "recompute" so speed results are not mistaken for a cached path.
@@ -16,14 +17,21 @@ from torch import nn
 from rayb.eval.scoring import device_of
 
 
+CACHE_NAMES = ("cache", "past_key_values", "cache_params")  # transformers ≥ 5.24; before: others, Mamba
+
+
 class Decoder:
     def __init__(self, model: nn.Module):
         self.model = model
         self.device = device_of(model)
         params = inspect.signature(model.forward).parameters
-        if hasattr(model, "generation_config"):  # a transformers PreTrainedModel
+        # transformers models (PreTrainedModel): the cache under the name the installed release gives
+        # it. A name the model does not take would vanish into its **kwargs and drop the cache silently,
+        # so it comes from the signature (and the decoding self-check holds the result to the forward).
+        self._cache_name = next((n for n in CACHE_NAMES if n in params), None)
+        self._positions = "cache_position" in params
+        if hasattr(model, "generation_config") and self._cache_name is not None:
             self.memory = "cache"
-            self._cache_name = "cache_params" if "cache_params" in params else "past_key_values"
         elif "state" in params and "return_state" in params:
             self.memory = "state"
         else:
@@ -49,9 +57,10 @@ class Decoder:
     def _forward(self, ids: torch.Tensor, first: bool) -> torch.Tensor:
         if self.memory == "cache":
             kwargs = {"use_cache": True}
-            if not first:  # Mamba's models call their cache `cache_params`, the others `past_key_values`
+            if not first:
                 kwargs[self._cache_name] = self._carry
-                kwargs["cache_position"] = torch.tensor([self._seen - 1], device=self.device)
+                if self._positions:
+                    kwargs["cache_position"] = torch.tensor([self._seen - 1], device=self.device)
             out = self.model(ids, **kwargs)
             self._carry = getattr(out, self._cache_name)
         elif self.memory == "state":

@@ -69,6 +69,9 @@ class Benchmark:
     # ValueError for an argument that names nothing (a missing file, an unknown corpus)
     resolve_argument: Callable[[str, Path], str] | None = None
     exclusive_device: bool = False  # runs alone on its device (timings), never beside another evaluation
+    # Feeds tokens one at a time through a model's cache or state (eval/decoding.py), so its scores are
+    # right only if decoding equals the full forward: the study's self-check holds every model to that.
+    decodes: bool = False
 
 
 BENCHMARKS: Registry[Benchmark] = Registry(

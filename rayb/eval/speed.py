@@ -171,5 +171,6 @@ register_benchmark(
         "speed", 1, run_speed, SpeedOptions,
         "prefill time, generation tokens/s, peak memory, and their growth with context length",
         exclusive_device=True,  # timings and peak memory are the model's alone, not a shared GPU's
+        decodes=True,
     )
 )  # fmt: skip

@@ -239,10 +239,11 @@ for _arch in (
     Architecture("mamba", mamba_config, mamba_model, mamba_cost,
                  lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0, layers_per_block=2,
                  description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)",
-                 kernel_paths=kernels.mamba),
+                 kernel_paths=kernels.mamba, reference="transformers' per-token scan"),
     Architecture("mamba2", mamba2_config, mamba_model, mamba2_cost, _mamba2_shape, aspect=32.0,
                  layers_per_block=2,
                  description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)",
-                 device_defaults=mamba2_device_defaults, kernel_paths=kernels.mamba2),
+                 device_defaults=mamba2_device_defaults, kernel_paths=kernels.mamba2,
+                 reference="transformers' PyTorch SSD"),
 ):  # fmt: skip
     register(_arch)

@@ -113,6 +113,16 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
     return (q[..., None, :] @ S).transpose(1, 2), S  # o [B,1,H,V]
 
 
+def sequential_gated_delta_rule(q, k, v, g, beta, state=None):
+    """The whole sequence one token at a time: the reference `chunk_gated_delta_rule` (and fla's
+    kernels on a GPU) is held to."""
+    out = []
+    for t in range(q.shape[1]):
+        o, state = recurrent_gated_delta_rule(*(x[:, t : t + 1] for x in (q, k, v, g, beta)), state)
+        out.append(o)
+    return torch.cat(out, dim=1), state
+
+
 @functools.cache
 def _fla_ops():  # None without fla; only ever imported for CUDA tensors (it needs triton and a GPU)
     try:
@@ -123,6 +133,8 @@ def _fla_ops():  # None without fla; only ever imported for CUDA tensors (it nee
 
 
 def gated_delta_rule(q, k, v, g, beta, state, chunk_size):
+    if kernels.reference_only():  # within kernels.reference_paths(): the recurrence as written
+        return sequential_gated_delta_rule(q, k, v, g, beta, state)
     # ---- GPU: fla's kernels take the same inputs (q, k already normalised, q scaled, so scale=1).
     # UNTESTED by rayb's CPU-only suite; keep this branch this thin. ----
     if q.is_cuda and (ops := _fla_ops()) is not None:
@@ -287,5 +299,6 @@ register(
         inner=InnerWidth("d_ff", swiglu_width),
         description="Gated DeltaNet (fla parameterization); pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule"),
+        reference="the sequential delta rule",
     )
 )

@@ -10,8 +10,12 @@ machine's packages than about an architecture, so a GPU study checks these paths
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 CUDA_EXTRA = "pip install -e '.[cuda]' (mamba-ssm, causal-conv1d, flash-linear-attention)"
@@ -72,6 +76,53 @@ def fla(component: str, kernel: str, fallback: str):
         return [KernelPath(component, f"{fallback} (PyTorch)", slow=True, install=CUDA_EXTRA)]
 
     return paths
+
+
+# ---- reference paths: every fast path above has a plain one beside it, and self-checks compare them ----
+
+_REFERENCE = contextvars.ContextVar("rayb_reference_paths", default=False)
+# transformers' modules whose kernels (mamba-ssm, causal-conv1d) are chosen when they are imported.
+TRANSFORMERS_KERNEL_MODULES = (
+    "transformers.models.mamba.modeling_mamba",
+    "transformers.models.mamba2.modeling_mamba2",
+)
+
+
+@contextmanager
+def reference_paths() -> Iterator[None]:
+    """Within the block every mixer runs its plain reference instead of its fast path: the sequential
+    recurrence as written (Gated DeltaNet, RWKV-6, Mamba's per-token scan) or transformers' PyTorch
+    path (Mamba-2), never a chunked form, a fused scan or a GPU kernel. Slow; for checks and tests."""
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
+
+
+def reference_only() -> bool:
+    """Whether the caller is inside `reference_paths()`."""
+    return _REFERENCE.get()
+
+
+@contextmanager
+def transformers_torch_paths() -> Iterator[None]:
+    """transformers' own PyTorch functions in place of the kernels it picked at import (mamba-ssm,
+    causal-conv1d), for the duration of the block. transformers ≥ 5.24 wraps each torch function with
+    the kernel it found (`functools.wraps`), so the plain one is the innermost `__wrapped__`."""
+    patched = []
+    for name in TRANSFORMERS_KERNEL_MODULES:
+        module = importlib.import_module(name)
+        for attr, value in list(vars(module).items()):
+            plain = inspect.unwrap(value) if callable(value) else value
+            if plain is not value and getattr(plain, "__module__", None) == name:
+                patched.append((module, attr, value))
+                setattr(module, attr, plain)
+    try:
+        yield
+    finally:
+        for module, attr, value in patched:
+            setattr(module, attr, value)
 
 
 def describe(paths: list[KernelPath]) -> dict[str, str]:

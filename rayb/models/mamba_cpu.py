@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from transformers.models.mamba.modeling_mamba import MambaMixer, apply_mask_to_p
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 
 from rayb.files import atomic_directory
+from rayb.models import kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
 
@@ -111,12 +113,33 @@ class SelectiveScan(torch.autograd.Function):
         return tuple(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
 
 
+def _legacy_cache(cache, kwargs: dict):
+    """The call's cache, whichever name it came under: transformers ≥ 5.24 passes `cache`, earlier
+    releases `cache_params`. Missing a renamed cache would drop the state in decoding with no error.
+    It is passed on positionally (hidden_states, cache, attention_mask), which every release takes."""
+    return cache if cache is not None else kwargs.pop("cache_params", None)
+
+
+@contextmanager
+def _sequential_scan(mixer: MambaMixer):
+    """transformers' plain per-token scan, whatever the config chose (mambapy's parallel scan)."""
+    chosen, mixer.use_mambapy = mixer.use_mambapy, False
+    try:
+        yield
+    finally:
+        mixer.use_mambapy = chosen
+
+
 class FusedScanMambaMixer(MambaMixer):
     """transformers' MambaMixer whose full-sequence CPU forward runs the fused scan."""
 
-    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
-        if cache_params is not None or hidden_states.device.type != "cpu" or kernel() is None:
-            return super().forward(hidden_states, cache_params, attention_mask, **kwargs)
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        cache = _legacy_cache(cache, kwargs)
+        if kernels.reference_only():
+            with _sequential_scan(self), kernels.transformers_torch_paths():
+                return super().forward(hidden_states, cache, attention_mask, **kwargs)
+        if cache is not None or hidden_states.device.type != "cpu" or kernel() is None:
+            return super().forward(hidden_states, cache, attention_mask, **kwargs)
         seq_len, dtype = hidden_states.shape[1], hidden_states.dtype
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
         x, gate = self.in_proj(hidden_states).transpose(1, 2).chunk(2, dim=1)  # [batch, d_inner, T]
@@ -171,9 +194,13 @@ def chunked_ssd(x, dt, A, B, C, chunk: int) -> torch.Tensor:
 class ChunkedSSDMamba2Mixer(Mamba2Mixer):
     """transformers' Mamba2Mixer whose full-sequence CPU forward runs `chunked_ssd`."""
 
-    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
-        if cache_params is not None or hidden_states.device.type != "cpu":
-            return super().forward(hidden_states, cache_params, attention_mask, **kwargs)
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        cache = _legacy_cache(cache, kwargs)
+        if kernels.reference_only():
+            with kernels.transformers_torch_paths():
+                return super().forward(hidden_states, cache, attention_mask, **kwargs)
+        if cache is not None or hidden_states.device.type != "cpu":
+            return super().forward(hidden_states, cache, attention_mask, **kwargs)
         batch, seq_len, _ = hidden_states.shape
         dtype = hidden_states.dtype
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)

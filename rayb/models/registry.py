@@ -56,6 +56,9 @@ class Architecture:
     device_defaults: Callable[[str], dict[str, Any]] | None = None
     # ("cpu" | "cuda") -> the implementation each mixer runs there (models/kernels.py); None: not inspected
     kernel_paths: Callable[[str], list[KernelPath]] | None = None
+    # The plain path the fast one is held to (models/selfcheck.py), as `kernels.reference_paths()` runs
+    # it; "" where the architecture has no fast path of its own.
+    reference: str = ""
 
     def build(self, config: dict[str, Any], vocab_size: int, seq_len: int) -> nn.Module:
         return self.model(self.configure(dict(config), vocab_size, seq_len))

@@ -32,8 +32,8 @@ from rayb.models.registry import Architecture, InnerWidth, register
 
 CHUNK = 16  # tokens per chunk of the CPU kernel: the [C, C, head_size] decay tensor stays small
 HEAD_SIZE_DIVISOR = 8  # RWKV-6 folds it into ln_x's eps (v5 divided the input by it instead)
-MIN_LOG_DECAY = -60.0  # a per-token decay below e^-60 already forgets everything; the floor keeps
-# within-chunk cumulative log-decays small, so their differences lose no fp32 precision
+MIN_LOG_DECAY = -60.0  # a per-token decay below e^-60 already forgets everything; the floor keeps every
+# exponent finite, so gradients through a saturated decay stay finite too
 
 
 def default_ffn(d_model: int) -> int:
@@ -67,12 +67,35 @@ class RWKV6Config:
         return self.d_model // self.head_size
 
 
+def recurrent_wkv(r, k, v, log_w, u, state=None):
+    """The recurrence above one token at a time, as written: the reference `chunked_wkv` (and fla's
+    `chunk_rwkv6` on a GPU) is held to. Same arguments and returns as `chunked_wkv`."""
+    dtype, work = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    r, k, v, log_w, u = (t.to(work) for t in (r, k, v, log_w, u))
+    B, T, H, D = r.shape
+    S = r.new_zeros(B, H, D, D) if state is None else state.to(work)
+    out = []
+    for t in range(T):
+        kv = k[:, t, :, :, None] * v[:, t, :, None, :]  # k_tᵀ v_t, [B, H, D, D]
+        out.append((r[:, t, :, None, :] @ (S + u[..., None] * kv)).squeeze(-2))
+        S = log_w[:, t].exp()[..., None] * S + kv
+    return torch.stack(out, dim=1).to(dtype), S
+
+
+def _exclusive(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x moved one step along `dim` with a zero first: an exclusive cumulative sum from an inclusive one,
+    by shifting rather than subtracting (a difference of large sums would cancel)."""
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, x.shape[dim] - 1)], dim)
+
+
 def chunked_wkv(r, k, v, log_w, u, state=None, chunk: int = CHUNK):
     """The recurrence above for r, k, v, log_w [B, T, H, D] (log_w ≤ 0), u [H, D], state [B, H, D, D].
 
-    Within a chunk every pair (t, s) is computed at once with the decay exp(A_{t-1} - A_s) ≤ 1, A the
-    within-chunk cumulative log-decay; across chunks the state carries the rest. Only non-positive
-    numbers are ever exponentiated, so strong decays underflow to 0 instead of overflowing.
+    Within a chunk every pair (t, s) is computed at once with the decay exp(Σ_{s<j<t} log_w_j) ≤ 1;
+    across chunks the state carries the rest. Every decay exponent is summed directly over its own
+    tokens, never taken as a difference of two cumulative sums, which with strong decays (log_w down
+    to −60 per token) would cancel and cost fp32 about 1e-5; and only non-positive numbers are ever
+    exponentiated, so strong decays underflow to 0 instead of overflowing.
     Returns o [B, T, H, D] and the state after the last token.
     """
     B, T, H, D = r.shape
@@ -83,20 +106,22 @@ def chunked_wkv(r, k, v, log_w, u, state=None, chunk: int = CHUNK):
     N = (T + pad) // C
     r, k, v, log_w = (t.reshape(B, H, N, C, D) for t in (r, k, v, log_w))
 
-    a_incl = log_w.cumsum(-2)  # log decay from the chunk's start through token t
-    a_excl = a_incl - log_w  # ... through t-1
-    a_last = a_incl[..., -1:, :]  # ... through the chunk's end
+    a_excl = _exclusive(log_w.cumsum(-2), -2)  # log decay from the chunk's start through t-1
+    a_after = _exclusive(log_w.flip(-2).cumsum(-2), -2).flip(-2)  # ... from t+1 through the chunk's end
+    a_last = log_w.sum(-2, keepdim=True)  # ... over the whole chunk
 
-    # Intra-chunk: pair (t, s<t) decays by exp(A_{t-1} - A_s); the diagonal gets the bonus u instead.
+    # Intra-chunk: pair (t, s<t) decays by the log-decays strictly between them, summed along t for each
+    # s ([.., C(t), C(s), D]); the diagonal gets the bonus u instead.
     below = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)
-    diff = (a_excl.unsqueeze(-2) - a_incl.unsqueeze(-3)).masked_fill(~below[..., None], -math.inf)
+    between = log_w.unsqueeze(-2).expand(B, H, N, C, C, D).masked_fill(~below[..., None], 0)
+    between = _exclusive(between.cumsum(-3), -3).masked_fill(~below[..., None], -math.inf)
     eye = torch.eye(C, dtype=work, device=r.device)[..., None]
-    decay = diff.exp() + eye * u.to(work).view(H, 1, 1, 1, D)  # [B, H, N, C(t), C(s), D]
+    decay = between.exp() + eye * u.to(work).view(H, 1, 1, 1, D)  # [B, H, N, C(t), C(s), D]
     scores = (r.unsqueeze(-2) @ (decay * k.unsqueeze(-3)).transpose(-1, -2)).squeeze(-2)
     o = scores @ v
 
     # Inter-chunk: the state before each chunk, decayed to each token; keys decayed to the chunk's end.
-    chunk_kv = (k * (a_last - a_incl).exp()).transpose(-1, -2) @ v  # [B, H, N, D, D]
+    chunk_kv = (k * a_after.exp()).transpose(-1, -2) @ v  # [B, H, N, D, D]
     chunk_decay = a_last.exp().transpose(-1, -2)  # [B, H, N, D, 1]
     S = r.new_zeros(B, H, D, D) if state is None else state.to(work)
     starts = []
@@ -108,7 +133,10 @@ def chunked_wkv(r, k, v, log_w, u, state=None, chunk: int = CHUNK):
 
 
 def wkv(r, k, v, log_w, u, state=None):
-    """`chunked_wkv`, or on CUDA with fla installed fla's Triton kernel (same [B, T, H, D] layout)."""
+    """`chunked_wkv`, or on CUDA with fla installed fla's Triton kernel (same [B, T, H, D] layout);
+    `recurrent_wkv` within `kernels.reference_paths()`."""
+    if kernels.reference_only():
+        return recurrent_wkv(r, k, v, log_w, u, state)
     if r.is_cuda:  # ---- GPU branch: UNTESTED here (no GPU). fla ≥ 0.2 (no head_first argument). ----
         try:
             from fla.ops.rwkv6 import chunk_rwkv6
@@ -303,5 +331,6 @@ register(
         inner=InnerWidth("d_ffn", default_ffn),
         description="RWKV-6 Finch; pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV"),
+        reference="the sequential WKV recurrence",
     )
 )

@@ -186,3 +186,22 @@ class ModelSpec(Spec):
                 self.arch, parse_size(self.size), self.size_by, vocab_size, seq_len, self.config
             ).config
         return get_arch(self.architecture).pinned(device) | config
+
+
+class ChecksSpec(Spec):
+    """The `checks:` part: models whose failed self-check (rayb/models/selfcheck.py) may be overridden.
+    Every score such a check affects is marked in the report with the error measured."""
+
+    allow_decoding_mismatch: list[str] = Field(
+        default=[],
+        description="models whose decoding may differ from their full forward pass; their speed scores are "
+        "marked in the report",
+    )
+    allow_fast_path_mismatch: list[str] = Field(
+        default=[],
+        description="models whose fast path (fused scan, chunked or GPU kernel) may differ from its reference; "
+        "all their scores are marked in the report",
+    )
+
+    def allowed(self, model: str, check: str) -> bool:
+        return model in getattr(self, f"allow_{check.replace(' ', '_')}_mismatch")

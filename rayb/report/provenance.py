@@ -1,8 +1,9 @@
 """Provenance: what produced a study's results, recorded when it runs so a rebuilt report still says it.
 
 The record holds the validated study (every default filled in) and its hash, the reference model, the
-data's unigram entropy, rayb's git commit, the versions of the packages that shape a result, and the
-hardware: the driver's machine and the Ray cluster the trials ran on.
+data's unigram entropy, rayb's git commit, the versions of the packages that shape a result and whether
+they are the tested set, the hardware (the driver's machine and the Ray cluster the trials ran on), and
+the self-checks run before training (added by the runner).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def collect(study: Study, unigram_entropy_nats: float | None, cluster: dict[str,
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": git_state(),
         "versions": versions(),
+        "pinned": pinned_state(),
         "hardware": hardware() | {"ray_cluster": cluster},
     }
 
@@ -67,6 +69,15 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[package] = "not installed"
     return out
+
+
+def pinned_state() -> dict[str, Any]:
+    """Whether the installed packages are the set rayb was tested on (rayb/constraints.txt), and which
+    differ: {package: [tested, installed or None]}."""
+    from rayb import pinned
+
+    differs = pinned.mismatches()
+    return {"matches": not differs, "differs": {name: list(pair) for name, pair in differs.items()}}
 
 
 def _cpu_model() -> str:

@@ -1,5 +1,5 @@
 """Ray Train: one TorchTrainer per pack of trials, named after the pack so a relaunch resumes it; and the
-kernel probe a GPU study runs on a GPU worker before it trains."""
+kernel probe and self-checks a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayb.models.kernels import KernelPath
+from rayb.models.selfcheck import CheckResult, ModelToCheck
 from rayb.train.loop import train_loop_per_worker
 from rayb.train.trial import TrialPack
 from rayb.tune.packs import ONE_NODE_WORKERS, worker_resources
@@ -69,3 +70,17 @@ def probe_kernels(archs: list[str]) -> dict[str, list[KernelPath]]:
         return {name: get_arch(name).kernels("cuda") for name in names}
 
     return ray.get(probe.remote(archs))
+
+
+def gpu_self_checks(models: list[ModelToCheck], vocab_size: int, seq_len: int, train_dtype, eval_dtype,
+                    decoding: bool) -> list[CheckResult]:  # fmt: skip
+    """models/selfcheck.py's checks on a GPU worker, with the kernels the workers have installed."""
+    import ray
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def check() -> list[CheckResult]:
+        from rayb.models.selfcheck import check_models
+
+        return check_models(models, vocab_size, seq_len, "cuda", train_dtype, eval_dtype, decoding)
+
+    return ray.get(check.remote())
