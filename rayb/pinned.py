@@ -63,7 +63,9 @@ def mismatches(pins: dict[str, str] | None = None) -> dict[str, tuple[str, str |
 
 def summary(diff: dict[str, tuple[str, str | None]], most: int = 4) -> str:
     """One line: which installed packages differ from the tested set, and how to install it."""
-    parts = [f"{name} {have or 'missing'} (tested {want})" for name, (want, have) in list(diff.items())[:most]]
+    parts = [
+        f"{name} {have or 'missing'} (tested {want})" for name, (want, have) in list(diff.items())[:most]
+    ]
     more = f" and {len(diff) - most} more" if len(diff) > most else ""
     return (
         f"installed packages differ from rayb's tested set: {', '.join(parts)}{more}; results may differ. "

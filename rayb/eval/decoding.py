@@ -16,7 +16,6 @@ from torch import nn
 
 from rayb.eval.scoring import device_of
 
-
 CACHE_NAMES = ("cache", "past_key_values", "cache_params")  # transformers ≥ 5.24; before: others, Mamba
 
 

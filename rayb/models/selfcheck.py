@@ -139,7 +139,9 @@ def check_fast_path(
     fast = kernels.describe(spec.kernels("cuda" if device.startswith("cuda") else "cpu"))
     path = f"{'; '.join(fast.values())} vs {spec.reference}"
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab_size, (BATCH, min(FAST_PATH_TOKENS, seq_len)), generator=generator).to(device)
+    ids = torch.randint(0, vocab_size, (BATCH, min(FAST_PATH_TOKENS, seq_len)), generator=generator).to(
+        device
+    )
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)
@@ -195,7 +197,8 @@ def study_models(study: Study, vocab_size: int) -> list[ModelToCheck]:
     """The study's trained models, each with its config as it trains on the study's device."""
     seq_len, device = study.data.seq_len, study.train.device
     return [
-        ModelToCheck(m.label, m.architecture, m.resolve(vocab_size, seq_len, device)) for m in study.trained_models
+        ModelToCheck(m.label, m.architecture, m.resolve(vocab_size, seq_len, device))
+        for m in study.trained_models
     ]
 
 
