@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rayb.models import build_model
+from rayb.models.common import LMOutput
 
 
 class _NanAfter(torch.nn.Module):
@@ -48,3 +49,29 @@ def raises_at(config: dict, vocab_size: int, seq_len: int) -> torch.nn.Module:
     config = dict(config)
     raise_at = config.pop("raise_at")
     return _RaisesAt(build_model("gpt2", config, vocab_size, seq_len), raise_at)
+
+
+class _StaleState(torch.nn.Module):
+    """A small recurrent LM (a decaying sum of embeddings) with the commonest bug of a new recurrent
+    model: its forward returns the state it was given instead of the one it computed. The full forward
+    is right, so it trains and scores log-likelihoods normally; only decoding goes wrong."""
+
+    def __init__(self, vocab_size: int, width: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab_size, width)
+        self.decay = torch.nn.Parameter(torch.full((width,), 0.9))
+        self.head = torch.nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids, state=None, return_state=False):
+        x = self.emb(input_ids)
+        h = torch.zeros_like(x[:, 0]) if state is None else state
+        outputs = []
+        for t in range(x.shape[1]):
+            h = self.decay * h + x[:, t]
+            outputs.append(h)
+        logits = self.head(torch.stack(outputs, dim=1))
+        return LMOutput(logits=logits, state=state if return_state else None)  # the bug: not `h`
+
+
+def stale_state(config: dict, vocab_size: int, seq_len: int) -> torch.nn.Module:
+    return _StaleState(vocab_size, config.get("width", 32))

@@ -111,12 +111,14 @@ def rounds_section(rounds: list[Round], design: str) -> list[str]:
     ]
 
 
-def efficiency_section(rows: list[Efficiency], reference: str, pareto_image: str | None) -> list[str]:
+def efficiency_section(
+    rows: list[Efficiency], reference: str, pareto_image: str | None, marks: dict[str, str] | None = None
+) -> list[str]:
     if not rows:
         return []
     table = [
         [
-            r.model + (" (ref)" if r.model == reference else ""), f"{r.params:,}", fmt(r.train_flops, ".3g"),
+            _marked(r.model, marks) + (" (ref)" if r.model == reference else ""), f"{r.params:,}", fmt(r.train_flops, ".3g"),
             fmt(r.val_loss), fmt(r.ppl, ".3f"), fmt(r.arch_efficiency, ".3f"), fmt(r.tokens_per_s, ".4g"),
             fmt(r.compute_efficiency, ".3f"), "yes" if r.pareto else "no",
         ]
@@ -134,6 +136,7 @@ def efficiency_section(rows: list[Efficiency], reference: str, pareto_image: str
         "`speed` suite). A model is on the Pareto frontier when no other reaches a lower validation loss "
         "with no more training FLOPs.",
         "",
+        *footnote(marks),
     ]
     if pareto_image:
         parts += [f"![loss vs training FLOPs]({pareto_image})", ""]
@@ -181,6 +184,60 @@ def scaling_section(
     return parts
 
 
+DECODES_ALL = "decoding"  # check_marks' suite for tables with decode-based columns (efficiency: gen tokens/s)
+
+
+def check_marks(provenance: dict[str, Any], suite: str | None) -> dict[str, str]:
+    """{model: why} for the models whose scores in `suite` rest on a self-check that failed and that the
+    study file overrode: a fast path's failure touches every score (suite None: the comparison table);
+    a decoding failure the suites that decode, and DECODES_ALL."""
+    from rayb.eval.registry import parse_suite
+
+    decodes = suite == DECODES_ALL or (suite is not None and parse_suite(suite)[0].decodes)
+    return {
+        c["model"]: f"{c['check']} self-check failed and was overridden (relative error {c['error']:.2g}, "
+        f"tolerance {c['tolerance']:.0e}; {c['path']})"
+        for c in provenance.get("self_checks", [])
+        if c.get("overridden") and (c["check"] == "fast path" or decodes)
+    }
+
+
+def _marked(model: str, marks: dict[str, str] | None) -> str:
+    return f"{model} †" if marks and model in marks else model
+
+
+def footnote(marks: dict[str, str] | None) -> list[str]:
+    return [f"† {model}: {why}" for model, why in (marks or {}).items()] + ([""] if marks else [])
+
+
+def self_checks_section(provenance: dict[str, Any]) -> list[str]:
+    """The checks run before training (models/selfcheck.py), and whether the packages were the tested set."""
+    checks = provenance.get("self_checks")
+    pinned = provenance.get("pinned")
+    if checks is None and pinned is None:
+        return []
+    lines = ["### Self-checks", ""]
+    if pinned is not None:
+        differs = pinned.get("differs", {})
+        lines += [
+            "Installed packages: the tested set (rayb/constraints.txt)." if not differs
+            else "Installed packages differ from the tested set (rayb/constraints.txt): "
+            + ", ".join(f"{name} {have or 'missing'} (tested {want})" for name, (want, have) in differs.items()),
+            "",
+        ]  # fmt: skip
+    rows = [
+        [c["model"], c["check"], c["path"] or "—", f"{c['device']} {c['dtype']}".strip(),
+         "—" if c["error"] is None else fmt(c["error"], ".2g"),
+         "—" if c["tolerance"] is None else f"{c['tolerance']:.0e}", f"{c['seconds']:.2f}",
+         ("FAILED, overridden" if c["overridden"] else "ok") if c["error"] is not None else c["note"]]
+        for c in checks or []
+    ]  # fmt: skip
+    if rows:
+        header = ("model", "check", "path", "device", "relative error", "tolerance", "seconds", "result")
+        lines += [markdown_table(header, rows), ""]
+    return lines
+
+
 def provenance_section(provenance: dict[str, Any]) -> list[str]:
     if not provenance:
         return ["## Provenance", "", "Not recorded (this study ran before rayb recorded provenance).", ""]
@@ -202,6 +259,7 @@ def provenance_section(provenance: dict[str, Any]) -> list[str]:
         "",
         markdown_table(("package", "version"), [[k, v] for k, v in provenance.get("versions", {}).items()]),
         "",
+        *self_checks_section(provenance),
         "Study file, validated, with every default filled in:",
         "",
         "```yaml",
@@ -253,8 +311,9 @@ def _fmt_delta(comp: Comparison | None) -> str:
     return f"{comp.delta:+.4f} ({fmt(100 * comp.rel_delta, '+.2f')}%)"
 
 
-def table_rows(verdict: Verdict) -> list[list[str]]:
-    """Cell strings of the comparison table, shared by the rich and markdown renderings."""
+def table_rows(verdict: Verdict, marks: dict[str, str] | None = None) -> list[list[str]]:
+    """Cell strings of the comparison table, shared by the rich and markdown renderings; `marks` (see
+    `check_marks`) puts a dagger beside a model whose scores a failed, overridden self-check affects."""
     out = []
     for row in verdict.rows:
         is_ref = row.model == verdict.reference
@@ -262,7 +321,7 @@ def table_rows(verdict: Verdict) -> list[list[str]]:
         s = row.summaries
         out.append(
             [
-                row.model + (" (ref)" if is_ref else ""),
+                _marked(row.model, marks) + (" (ref)" if is_ref else ""),
                 row.arch,
                 _fmt_params(row.params_total),
                 f"{row.lr:.3g}",
@@ -396,23 +455,27 @@ def _fmt_seeds(values: np.ndarray) -> str:
     return f"{summary.mean:.4g}" + (f" ± {summary.std:.2g}" if summary.n > 1 else "")
 
 
-def benchmark_tables(verdict: Verdict, df: pd.DataFrame) -> list[str]:
+def benchmark_tables(
+    verdict: Verdict, df: pd.DataFrame, provenance: dict[str, Any] | None = None
+) -> list[str]:
     """Markdown: one table per eval suite, each model at its selected learning rate, mean ± std over
-    seeds; then the evaluations that failed, with their messages."""
+    seeds, a dagger on the scores a failed, overridden self-check affects; then the evaluations that
+    failed, with their messages."""
     suites = [c.removesuffix(".version") for c in df.columns if c.endswith(".version")]
     ok = df[df.status == "ok"]
     parts = []
     for suite in suites:
         metrics = _suite_metrics(df, suite)[:MAX_BENCHMARK_COLUMNS]
         version = ok[f"{suite}.version"].dropna()
+        marks = check_marks(provenance or {}, suite)
         rows = []
         for row in verdict.rows:
             seeds = ok[(ok.model == row.model) & (ok.lr == row.lr)]
-            rows.append([row.model, *(_fmt_seeds(seeds[m].to_numpy(float)) for m in metrics)])
+            rows.append([_marked(row.model, marks), *(_fmt_seeds(seeds[m].to_numpy(float)) for m in metrics)])
         if metrics:
             title = f"### {suite} (v{int(version.iloc[0])})" if len(version) else f"### {suite}"
             names = [m.removeprefix(f"{suite}.") for m in metrics]
-            parts += [title, "", markdown_table(["model", *names], rows), ""]
+            parts += [title, "", markdown_table(["model", *names], rows), "", *footnote(marks)]
     failures = [
         [r.model, str(r.seed), suite, error]
         for r in ok.itertuples()

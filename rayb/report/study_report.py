@@ -30,11 +30,14 @@ from rayb.report import plots
 from rayb.report.html import data_uri, to_html
 from rayb.report.provenance import PROVENANCE_NAME
 from rayb.report.sections import (
+    DECODES_ALL,
     TABLE_COLUMNS,
     benchmark_tables,
+    check_marks,
     efficiency_section,
     entropy_text,
     epoch_table,
+    footnote,
     gate_headline,
     gate_section,
     markdown_table,
@@ -224,19 +227,24 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
         "",
         *(f"- {gate_headline(d)}" for d in report.gate),
         *(f"- ⚠ {warning}" for warning in report.size_warnings),
+        *(f"- ⚠ {model}: {why}" for model, why in check_marks(report.provenance, DECODES_ALL).items()),
         "",
         verdict_text(verdict),
         "",
         "## Comparison",
         "",
-        markdown_table(TABLE_COLUMNS, table_rows(verdict)),
+        markdown_table(TABLE_COLUMNS, table_rows(verdict, check_marks(report.provenance, None))),
         "",
+        *footnote(check_marks(report.provenance, None)),
     ]
     if report.unigram_entropy_nats is not None:
         parts += [entropy_text(verdict, report.unigram_entropy_nats), ""]
     parts += rounds_section(report.rounds, report.design)
     parts += gate_section(report.gate)
-    parts += efficiency_section(report.efficiency, verdict.reference, _image(report, "pareto.png", image_src))
+    parts += efficiency_section(
+        report.efficiency, verdict.reference, _image(report, "pareto.png", image_src),
+        check_marks(report.provenance, DECODES_ALL),
+    )  # fmt: skip
     parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png", image_src))
     if verdict.excluded:
         rows = [
@@ -251,7 +259,7 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
         ]
     parts += epoch_section(report, _image(report, "metrics.png", image_src))
     parts += model_metrics_section(verdict, report.table)
-    parts += benchmark_tables(verdict, report.table)
+    parts += benchmark_tables(verdict, report.table, report.provenance)
     if src := _image(report, "overfit.png", image_src):
         parts += [
             "### Smoke protocol: overfitting a fixed set",
