@@ -79,6 +79,7 @@ def random_inputs(regime: str, B=2, T=13, H=2, K=4, V=6, seed=0):
 REGIMES = ["random", "no_decay_full_write", "same_key", "no_write", "forget_all", "mixed_extremes"]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("chunk_size", [1, 4, 5, 64])
 def test_chunked_kernel_matches_naive_recurrence(regime, chunk_size):
@@ -89,6 +90,7 @@ def test_chunked_kernel_matches_naive_recurrence(regime, chunk_size):
     torch.testing.assert_close(S.double(), want_S, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parity
 def test_chunked_kernel_matches_transformers_fla_reference():
     """transformers' pure-PyTorch copy of fla's chunk kernel (same signature and state layout [B,H,K,V]);
     it normalises q and k and scales q itself, so it gets them raw."""
@@ -103,6 +105,7 @@ def test_chunked_kernel_matches_transformers_fla_reference():
     torch.testing.assert_close(S, want_S, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("regime", ["random", "mixed_extremes"])
 def test_recurrent_step_matches_naive_recurrence(regime):
     q, k, v, g, beta, S = random_inputs(regime)
@@ -115,6 +118,7 @@ def test_recurrent_step_matches_naive_recurrence(regime):
     torch.testing.assert_close(S.double(), want_S, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parity
 def test_chunked_kernel_gradients_match_naive_recurrence():
     inputs = random_inputs("random", B=1, T=9, H=2)
     gen = torch.Generator().manual_seed(2)
@@ -131,6 +135,7 @@ def test_chunked_kernel_gradients_match_naive_recurrence():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("chunk_size", [4, 64])
 def test_full_sequence_equals_token_by_token_decoding(chunk_size):
     model = tiny_model(chunk_size=chunk_size)

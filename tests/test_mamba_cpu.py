@@ -13,6 +13,9 @@ from rayb.models.mamba_cpu import ChunkedSSDMamba2Mixer, FusedScanMambaMixer, Se
 TRANSFORMERS_MIXER = {FusedScanMambaMixer: MambaMixer, ChunkedSSDMamba2Mixer: Mamba2Mixer}
 
 
+pytestmark = pytest.mark.parity  # every test here holds a fast path to a reference
+
+
 def naive_selective_scan(u, delta, A, B, C):
     """Token by token: h_t = exp(δ_t·A)·h_{t−1} + δ_t·u_t·B_t, y_t = C_t·h_t."""
     h = torch.zeros(u.shape[0], u.shape[1], A.shape[1], dtype=u.dtype)

@@ -35,6 +35,7 @@ def random_model(seed: int = 0, **overrides) -> RWKV6LM:
     return model.eval()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 def test_decoding_with_state_matches_full_sequence(dtype, tol):
     model = random_model().to(dtype)
@@ -55,6 +56,7 @@ def test_decoding_with_state_matches_full_sequence(dtype, tol):
     assert not torch.allclose(model(ids[:, 19:]).logits, tail, atol=1e-3)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("T", [1, 7, CHUNK, 3 * CHUNK + 3])
 def test_chunked_kernel_matches_naive_recurrence(T):
     torch.manual_seed(T)

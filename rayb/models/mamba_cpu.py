@@ -3,7 +3,8 @@
 Each mixer here is transformers' mixer with only its full-sequence, cache-free CPU path replaced, so
 parameter names, initialisation, checkpoints and cached generation stay transformers' own. Everything
 else (CUDA, where mamba-ssm is used when installed, and generation with a cache) goes to transformers'
-forward unchanged. Tests hold both paths to each other.
+forward unchanged; within `kernels.reference_paths()` so does everything, on transformers' plain
+PyTorch functions (Mamba's per-token scan), which the self-checks and tests hold the fast paths to.
 
 **Mamba-1**: a fused selective scan, compiled on first use.
 
