@@ -71,7 +71,8 @@ def fla(component: str, kernel: str, fallback: str):
     def paths(device: str) -> list[KernelPath]:
         if device != "cuda":
             return [KernelPath(component, f"{fallback} (PyTorch)")]
-        if importable("fla"):
+        # fla.ops, not fla: fla-core's package root imports without triton, its kernels do not.
+        if importable("fla.ops"):
             return [KernelPath(component, f"fla {kernel} (Triton)")]
         return [KernelPath(component, f"{fallback} (PyTorch)", slow=True, install=CUDA_EXTRA)]
 

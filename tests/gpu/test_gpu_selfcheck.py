@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_selfcheck import SHAPES
+from test_gpu_training import ARCHS
 
 from rayb.models.selfcheck import ModelToCheck, check_models
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("arch", sorted(SHAPES))
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_kernels_agree_with_their_references_on_the_gpu(arch):
-    results = check_models([ModelToCheck(arch, arch, SHAPES[arch])], 300, 64, "cuda", torch.bfloat16)
+    results = check_models([ModelToCheck(arch, arch, ARCHS[arch])], 300, 128, "cuda", torch.bfloat16)
     for result in results:
         print(result.describe())
         assert not result.failed, result.describe()
