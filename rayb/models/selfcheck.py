@@ -13,7 +13,8 @@ second per model, before any trial trains:
   a chunked kernel, mamba-ssm or fla on a GPU) against `kernels.reference_paths()`, where every mixer
   runs the sequential recurrence as written or transformers' PyTorch path.
 
-The models are built from the study's configs, with every weight matrix perturbed: RWKV's and GPT-2's
+The models are built from the study's configs (built-in ones at most CHECK_LAYERS deep, every model with
+at most CHECK_VOCAB tokens), with every weight matrix perturbed: RWKV's and GPT-2's
 initialisations zero or shrink output projections, and a freshly built model whose outputs barely
 depend on the context would let a lost state pass. Pure PyTorch, no Ray: the runner calls it on the
 driver, or on a GPU worker for a GPU study.
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from rayb.models import kernels
-from rayb.models.registry import build_model, get_arch
+from rayb.models.registry import build_model, get_arch, is_import_path
 
 if TYPE_CHECKING:
     from rayb.study import Study
@@ -44,6 +45,10 @@ DECODING, FAST_PATH = "decoding", "fast path"
 # which moves logits by their own size.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 PROMPT_TOKENS, DECODED_TOKENS, BATCH = 40, 6, 2
+# Built-in models are checked at their width but at most this deep, with at most this vocabulary: a path's
+# numerics are the same in every layer, and a study's 1B-parameter model would otherwise cost gigabytes
+# and minutes on the driver.
+CHECK_LAYERS, CHECK_VOCAB = 2, 1024
 FAST_PATH_TOKENS = 48
 
 
@@ -178,6 +183,7 @@ def check_models(
 ) -> list[CheckResult]:
     """Every model's checks: the fast path in the training precision, decoding in the evaluation one
     (`decoding=False` where no suite of the study decodes)."""
+    vocab_size = min(vocab_size, CHECK_VOCAB)
     with _transformers_errors_only():
         return [
             result
@@ -216,12 +222,16 @@ def _check_model(seed: int, m: ModelToCheck, vocab_size: int, seq_len: int, devi
 
 
 def study_models(study: Study, vocab_size: int) -> list[ModelToCheck]:
-    """The study's trained models, each with its config as it trains on the study's device."""
+    """The study's trained models, each with its config as it trains on the study's device (built-in
+    architectures at most CHECK_LAYERS deep)."""
     seq_len, device = study.data.seq_len, study.train.device
-    return [
-        ModelToCheck(m.label, m.architecture, m.resolve(vocab_size, seq_len, device))
-        for m in study.trained_models
-    ]
+    models = []
+    for m in study.trained_models:
+        config = m.resolve(vocab_size, seq_len, device)
+        if not is_import_path(m.architecture):
+            config = config | {"n_layer": min(config.get("n_layer", CHECK_LAYERS), CHECK_LAYERS)}
+        models.append(ModelToCheck(m.label, m.architecture, config))
+    return models
 
 
 def study_dtypes(study: Study) -> tuple[torch.dtype, torch.dtype]:
