@@ -66,17 +66,14 @@ def _self_checks(study, vocab_size: int) -> None:
     from rayb.models import selfcheck
     from rayb.report.provenance import versions
 
-    models = selfcheck.study_models(study, vocab_size)
-    results = selfcheck.check_models(
-        models, vocab_size, study.data.seq_len, decoding=bool(study.decoding_suites)
-    )
+    results = selfcheck.check_study(study, vocab_size)
     where = " (on this CPU; `rayb run` checks again on a GPU worker)" if study.train.use_gpu else ""
     console.print(f"  self-checks{where}:", highlight=False)
     for result in results:
         colour = "red" if result.failed else "dim"
         console.print(f"    [{colour}]{escape(result.describe())}[/{colour}]", highlight=False)
-    if failed := selfcheck.blocking(study, results):
-        console.print(f"[red]{escape(selfcheck.failure_message(failed, versions()))}[/red]", highlight=False)
+    if reason := selfcheck.stop_reason(study, results, versions()):
+        console.print(f"[red]{escape(reason)}[/red]", highlight=False)
         raise typer.Exit(code=2)
 
 

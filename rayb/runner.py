@@ -215,15 +215,14 @@ def run_study(
         log("preparing data (tokenize, pack, mix) ...")
         cache = prepare_data(study.data, storage.join(out, "cache"))
         stages.end("data")
-        provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
-        write_json_atomic(storage.join(study_dir, PROVENANCE_NAME), provenance)
-        if differs := provenance["pinned"]["differs"]:
-            log(pinned.summary({name: tuple(pair) for name, pair in differs.items()}))
         if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
             raise StudyError(
                 f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
                 f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
             )
+        provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
+        if differs := provenance["pinned"]["differs"]:
+            log(pinned.summary({name: tuple(pair) for name, pair in differs.items()}))
         provenance["self_checks"] = self_checks(study, cache.manifest["vocab_size"], provenance, log)
         write_json_atomic(storage.join(study_dir, PROVENANCE_NAME), provenance)
         stages.end("self_checks")
@@ -376,17 +375,12 @@ def self_checks(study: Study, vocab_size: int, provenance: dict[str, Any], log) 
     GPU study). A failure the study file does not override stops the study before anything trains; an
     overridden one is logged, and the report marks the scores it affects."""
     from rayb.models import selfcheck
+    from rayb.train.trainer import gpu_self_checks
 
-    models = selfcheck.study_models(study, vocab_size)
-    decoding, dtypes = bool(study.decoding_suites), selfcheck.study_dtypes(study)
-    if study.train.use_gpu:
-        from rayb.train.trainer import gpu_self_checks
-
-        results = gpu_self_checks(models, vocab_size, study.data.seq_len, *dtypes, decoding)
-    else:
-        results = selfcheck.check_models(models, vocab_size, study.data.seq_len, "cpu", *dtypes, decoding)
-    if failed := selfcheck.blocking(study, results):
-        raise StudyError(selfcheck.failure_message(failed, provenance["versions"]))
+    check = gpu_self_checks if study.train.use_gpu else None
+    results = selfcheck.check_study(study, vocab_size, selfcheck.study_dtypes(study), check)
+    if reason := selfcheck.stop_reason(study, results, provenance["versions"]):
+        raise StudyError(reason)
     for result in results:
         if result.failed:
             log(f"self-check failed, overridden by the study file: {result.describe()}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -240,9 +240,25 @@ def study_dtypes(study: Study) -> tuple[torch.dtype, torch.dtype]:
     return (torch.float32 if study.train.resolved_precision == "fp32" else torch.bfloat16), torch.float32
 
 
-def blocking(study: Study, results: list[CheckResult]) -> list[CheckResult]:
-    """The failed checks the study file does not override."""
-    return [r for r in results if r.failed and not study.checks.allowed(r.model, r.check)]
+def check_study(study: Study, vocab_size: int, dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+                check: Callable[..., list[CheckResult]] | None = None) -> list[CheckResult]:  # fmt: skip
+    """The checks of every model the study trains: on this CPU by default, in fp32 unless `dtypes` says
+    otherwise; `check` runs them elsewhere (a GPU worker) with check_models' arguments after `device`."""
+    models, seq_len, decoding = (
+        study_models(study, vocab_size),
+        study.data.seq_len,
+        bool(study.decoding_suites),
+    )
+    train_dtype, eval_dtype = dtypes or (torch.float32, torch.float32)
+    if check is None:
+        return check_models(models, vocab_size, seq_len, "cpu", train_dtype, eval_dtype, decoding)
+    return check(models, vocab_size, seq_len, train_dtype, eval_dtype, decoding)
+
+
+def stop_reason(study: Study, results: list[CheckResult], versions: dict[str, str]) -> str | None:
+    """Why the study must stop: the failed checks the study file does not override, or None."""
+    failed = [r for r in results if r.failed and not study.checks.allowed(r.model, r.check)]
+    return failure_message(failed, versions) if failed else None
 
 
 def records(results: list[CheckResult]) -> list[dict]:
