@@ -220,6 +220,7 @@ def run_study(
                 f"data.vocab_size is {study.data.vocab_size}, but tokenizer '{study.data.tokenizer}' has "
                 f"{cache.manifest['vocab_size']} tokens; correct vocab_size"
             )
+        check_task_fit(study, cache)
         provenance = collect(study, cache.manifest["unigram_entropy_nats"], runtime.cluster_summary())
         if differs := provenance["pinned"]["differs"]:
             log(pinned.summary({name: tuple(pair) for name, pair in differs.items()}))
@@ -385,6 +386,21 @@ def self_checks(study: Study, vocab_size: int, provenance: dict[str, Any], log) 
         if result.failed:
             log(f"self-check failed, overridden by the study file: {result.describe()}")
     return selfcheck.records(results)
+
+
+def check_task_fit(study: Study, cache) -> None:
+    """rayb's recall tasks must fit the study's context with the facts they ask about: stop before any
+    training rather than score truncated text."""
+    if not any(suite.startswith("lm_eval:rayb_") for suite in study.eval):
+        return  # lm-eval is imported only for a study that runs it
+    from rayb.data.tokenizer import load_tokenizer
+    from rayb.eval.harness import study_task_problems
+
+    tokenizer = load_tokenizer(cache.tokenizer_dir)
+    if problems := study_task_problems(
+        study.eval, study.eval_options.get("lm_eval"), tokenizer, cache.seq_len
+    ):
+        raise StudyError("; ".join(problems))
 
 
 def check_kernels(archs: list[str]) -> None:

@@ -12,7 +12,7 @@ from oracles import InductionOracle
 from rayb.data.corpus import generate_document
 from rayb.data.tokenizer import load_tokenizer
 from rayb.eval.decoding import Decoder
-from rayb.eval.harness import LMEvalOptions, RaybLM, run_lm_eval
+from rayb.eval.harness import LMEvalOptions, RaybLM, recall_sample, run_lm_eval, study_task_problems
 from rayb.eval.lm import LMOptions, run_lm
 from rayb.eval.long_context import LongContextOptions, run_long_context
 from rayb.eval.probes import ProbeOptions, persistence, run_statefulness
@@ -95,8 +95,30 @@ def test_sliding_window_on_a_corpus_file(tiny_cache, tokenizer, tmp_path):
 
 def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer):
     ctx = context(tiny("mamba2", tiny_cache), tiny_cache, tokenizer)
-    metrics = run_lm_eval(ctx, "rayb_facts", LMEvalOptions(limit=12, rayb_task_docs=12))
-    assert metrics["sample_len"] == 12 and 0 <= metrics["acc"] <= 1 and metrics["task_version"] == "1"
+    metrics = run_lm_eval(ctx, "rayb_text", LMEvalOptions(limit=6, rayb_task_docs=12))
+    assert metrics["sample_len"] == 6 and metrics["bits_per_byte"] > 0 and metrics["task_version"] == "1"
+    assert metrics["truncated"] == 0  # rolling windows score every token with no cut context
+
+
+def test_a_recall_task_the_context_cannot_hold_refuses_before_training(tiny_cache, tokenizer):
+    """At 32 tokens no quiz question fits with the facts it asks about: scoring the rest would measure
+    chance. The study stops before training; at 256 tokens every task fits."""
+    suites = ["lm", "lm_eval:rayb_facts", "lm_eval:rayb_lambada", "lm_eval:rayb_text"]
+    problems = study_task_problems(suites, {"limit": 20}, tokenizer, tiny_cache.seq_len)
+    assert [p.split(":")[1] for p in problems] == ["rayb_facts", "rayb_lambada"]
+    assert "fit in the model's context" in problems[0] and "raise data.seq_len" in problems[0]
+    assert study_task_problems(suites, {"limit": 20}, tokenizer, 256) == []
+
+
+def test_recall_contexts_keep_the_facts_they_ask_about(tokenizer):
+    """Sized to a context, a rayb_facts sample loses filler first, never a paragraph stating a choice."""
+    lm = RaybLM(torch.nn.Identity(), tokenizer, max_length=160)
+    samples = [recall_sample(generate_document("edu", 5, i), lm.fits, keep_choices=True) for i in range(30)]
+    assert sum(s is not None for s in samples) >= 3
+    for context, answer, choices in filter(None, samples):
+        assert lm.fits(context) and context.endswith("Answer:") and answer in choices
+        stated = context.rsplit("\n\n", 1)[0]  # the paragraphs before the quiz
+        assert all(choice in stated for choice in choices)
 
 
 def test_mqar_and_passkey_separate_a_perfect_recaller_from_an_untrained_model(tiny_cache, tokenizer):

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from rayb.analysis.verdict import build_verdict, selected_rows
 from rayb.report.sections import format_table, verdict_text
-from rayb.report.study_report import FIGURES, build_report, write_report
+from rayb.report.study_report import FIGURES, build_report, render_markdown, write_report
 from rayb.results import ResultRow, results_frame, write_results
 
 STEPS = list(range(0, 101, 10))
@@ -455,3 +455,15 @@ def test_rayb_compare_puts_studies_side_by_side(tmp_path):
     assert (tmp_path / "cmp" / "comparison.html").is_file() and (tmp_path / "cmp" / "pareto.png").is_file()
     alone = CliRunner().invoke(app, ["compare", str(one)])
     assert alone.exit_code == 2 and "at least two" in alone.output
+
+
+def test_the_report_says_how_many_task_samples_lost_context(results):
+    results = results.copy()
+    for column, value in (("lm_eval:rayb_text.version", 1), ("lm_eval:rayb_text.bits_per_byte", 1.2),
+                          ("lm_eval:rayb_text.sample_len", 40), ("lm_eval:rayb_text.truncated", 0)):  # fmt: skip
+        results[column] = value
+    assert "Contexts cut to fit" not in render_markdown(build_report(results, provenance()))
+    results.loc[results.model == "mamba", "lm_eval:rayb_text.truncated"] = 7
+    md = render_markdown(build_report(results, provenance()))
+    assert "up to 7 of 40 samples per checkpoint (mamba) lost their start" in md
+    assert "| truncated" not in md  # said once in words, not as a score column

@@ -96,7 +96,7 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     corpus.write_text("Question: Who is the mayor of Velmora?\nAnswer: Dunak Orel.\n" * 20)
     study = yaml.safe_load(study_file.read_text()) | {
         "name": "tiny-evals",
-        "eval": ["lm", f"lm:{corpus}", "lm_eval:rayb_facts", "lm_eval:no_such_task", "statefulness",
+        "eval": ["lm", f"lm:{corpus}", "lm_eval:rayb_text", "lm_eval:no_such_task", "statefulness",
                  "recall", "long_context", "speed"],
         "eval_options": {
             "lm_eval": {"limit": 4, "rayb_task_docs": 4},
@@ -121,7 +121,7 @@ def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run,
     assert "## Benchmarks" in report and "### recall (v1)" in report and "| mqar_acc" in report
     assert "### Failed evaluations" in report and "lm_eval:no_such_task" in report
     assert (table.status == "ok").all() and table.val_loss.notna().all()
-    for column in (f"lm:{corpus}.bpb", "lm_eval:rayb_facts.acc", "statefulness.recall_acc.d2",
+    for column in (f"lm:{corpus}.bpb", "lm_eval:rayb_text.bits_per_byte", "statefulness.recall_acc.d2",
                    "recall.mqar_acc", "long_context.ppl@1x", "speed.gen_tokens_per_s", "speed.version"):  # fmt: skip
         assert table[column].notna().all(), column
     assert all(list(e) == ["lm_eval:no_such_task"] for e in table.eval_errors)

@@ -117,7 +117,7 @@ def test_neuromorphic_evaluates_pretrained_references_with_their_own_tokenizers(
     assert references.val_loss.isna().all() and (references.val_bpb > 0).all()
     corpora = [c for c in table.columns if c.startswith("lm:embedded://") and c.endswith(".ppl")]
     assert len(corpora) == 3 and table[corpora].notna().all().all()
-    assert table["lm_eval:rayb_lambada.perplexity"].notna().all()
+    assert table["lm_eval:rayb_text.bits_per_byte"].notna().all()
     # References are reference points, not candidates of the gate.
     gated = {c["candidate"] for c in json.loads((study_dir / "results.json").read_text())["gate"]}
     assert gated == {"mamba-scratch"}

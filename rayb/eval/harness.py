@@ -2,54 +2,91 @@
 
 `RaybLM` is a `lm_eval.api.model.TemplateLM`, so every architecture is evaluated the same way,
 including a user's candidate that is not a transformers model; it only needs `model(ids).logits`.
+It follows lm-eval's `HFLM` wherever a score depends on it (start tokens, truncation, generation), and
+tests/test_lm_eval_parity.py holds every per-sample score equal to HFLM's on a saved checkpoint.
 Log-likelihoods come from `scoring.continuation_logprobs`; rolling log-likelihoods use lm-eval's own
-window split (`get_rolling_token_windows`), so a test can hold it against rayb's sliding-window
-perplexity. Generation is greedy.
+window split (`get_rolling_token_windows`). Generation is greedy.
 
 Tasks: any name lm-eval knows, when its data can be loaded (the hub, or the HF datasets cache), and
 rayb's own tasks, shipped as YAML in rayb/eval/tasks with data generated on the spot (offline):
-`rayb_facts` (multiple-choice in-context recall, HellaSwag's shape), `rayb_text` (rolling perplexity)
-and `rayb_lambada` (LAMBADA's shape: predict a passage's last word, an answer it stated earlier).
+`rayb_facts` (multiple-choice in-context recall, HellaSwag's shape), `rayb_answer` (the same questions,
+answered by greedy generation), `rayb_lambada` (LAMBADA's shape: predict a passage's last word, an
+answer it stated earlier) and `rayb_text` (rolling perplexity). The recall tasks are sized to the
+model's context: a question always sees the facts it asks about.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 from lm_eval.api.model import TemplateLM
+from lm_eval.models.utils import (
+    handle_stop_sequences,
+    has_bos_prefix,
+    normalize_gen_kwargs,
+    postprocess_generated_text,
+)
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from rayb.data.corpus import generate_document, recall_answers
-from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
+from rayb.data.corpus import QUESTION_PREFIX, generate_document, recall_answers
+from rayb.eval.registry import BENCHMARKS, Benchmark, EvalContext, make_options, register_benchmark
 from rayb.eval.scoring import context_limit, continuation_logprobs, device_of
 
 TASKS_DIR = Path(__file__).parent / "tasks"
+HFLM_MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not set max_gen_toks
 HELD_OUT_SEED = 2**31 - 1  # the embedded corpus's seeds are small; these documents are never trained on
 
 
 class RaybLM(TemplateLM):
+    """lm-eval's `HFLM` rules on any rayb model: the tokenizer adds its own start token and that token is
+    the prefix of an empty context; generation is greedy, stops as HFLM's stop criteria do, and sees the
+    context left-truncated to `max_length - max_gen_toks`. Contexts cut to fit are counted in
+    `truncated` (one entry per distinct context), so a report can say how many samples lost text."""
+
     def __init__(self, model: torch.nn.Module, tokenizer, max_length: int, batch_size: int = 16):
         super().__init__()
         self.model, self.tokenizer = model, tokenizer
         self.max_length, self.batch_size = max_length, batch_size
+        self.truncated: set[str] = set()
 
     @property
     def eot_token_id(self) -> int:
         return self.tokenizer.eos_token_id
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.tokenizer(string, add_special_tokens=False)["input_ids"]
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return self.eot_token_id if bos is None else bos
 
-    def tok_decode(self, tokens: list[int], **kwargs) -> str:
-        return self.tokenizer.decode(tokens)
+    @property
+    def max_gen_toks(self) -> int:
+        return HFLM_MAX_GEN_TOKS
+
+    def fits(self, context: str) -> bool:
+        """Whether a recall task's context leaves room for its answer (rayb_answer's max_gen_toks)."""
+        return len(self.tok_encode(context)) + ANSWER_TOKENS <= self.max_length
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            add_special_tokens = False  # the text already starts with it
+        flag = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        return self.tokenizer(string, **flag)["input_ids"]
+
+    def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         pairs = [(context, continuation) for _, context, continuation in requests]
+        for (text, _), context, continuation in requests:
+            if len(context) + len(continuation) > self.max_length + 1:
+                self.truncated.add(text)
         return continuation_logprobs(self.model, pairs, self.max_length, self.batch_size)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -65,45 +102,120 @@ class RaybLM(TemplateLM):
 
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
-        for context, kwargs in (request.args for request in requests):
-            until = kwargs.get("until") or [self.tokenizer.decode([self.eot_token_id])]
-            ids = self.tok_encode(context)
-            generated: list[int] = []
-            for _ in range(kwargs.get("max_gen_toks", 64)):
-                window = torch.tensor([(ids + generated)[-self.max_length :]], device=device_of(self.model))
-                token = int(self.model(window).logits[0, -1].argmax())
-                if token == self.eot_token_id:
-                    break
-                generated.append(token)
-                if any(stop in self.tok_decode(generated) for stop in until):
-                    break
-            text = self.tok_decode(generated)
-            for stop in until:
-                text = text.split(stop)[0]
-            out.append(text)
-        return out
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        return [
+            self._generate(context, gen_kwargs, eos) for context, gen_kwargs in (r.args for r in requests)
+        ]
+
+    def _generate(self, context: str, gen_kwargs: dict, eos: str) -> str:
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        if kwargs.get("do_sample"):
+            raise ValueError("rayb generates greedily; this task samples (do_sample: true)")
+        until, max_gen_toks = handle_stop_sequences(kwargs["until"], eos=eos), kwargs["max_gen_toks"]
+        room = self.max_length - max_gen_toks
+        if room <= 0:
+            raise ValueError(
+                f"the task generates up to {max_gen_toks} tokens, which leaves no room for a context in "
+                f"this model's {self.max_length}; set generation_kwargs.max_gen_toks below {self.max_length}"
+            )
+        ids = self.tok_encode(context)
+        if len(ids) > room:
+            self.truncated.add(context)
+            ids = ids[-room:]
+        lookback = {stop: len(self.tok_encode(stop, add_special_tokens=False)) + 2 for stop in until}
+        device, generated = device_of(self.model), []
+        for _ in range(max_gen_toks):
+            logits = self.model(torch.tensor([ids + generated], device=device)).logits
+            generated.append(int(logits[0, -1].argmax()))
+            if any(
+                stop in self.tok_decode(generated[-n:], skip_special_tokens=False)
+                for stop, n in lookback.items()
+            ):
+                break
+        return postprocess_generated_text(self.tok_decode(generated), until, think_end_token=None)
 
 
-def write_rayb_task_data(data_dir: Path, n_docs: int) -> None:
-    """The data of rayb's own tasks, generated (deterministically) from held-out documents."""
-    facts, texts, lambada = [], [], []
-    for i in range(n_docs):
-        doc = generate_document("edu", HELD_OUT_SEED, i)
-        answers = recall_answers(doc)
-        offset, answer = answers[-1]
-        others = list(dict.fromkeys(a for _, a in answers if a != answer))[:3]
-        choices = sorted([answer, *others])
-        facts.append({"context": doc[:offset].rstrip(), "choices": choices, "answer": choices.index(answer)})
-        lambada.append({"text": f"{doc[:offset].rstrip()} {answer.split()[0]}"})
-        texts.append({"text": generate_document("web" if i % 2 else "edu", HELD_OUT_SEED, n_docs + i)})
-    for name, rows in (("rayb_facts", facts), ("rayb_text", texts), ("rayb_lambada", lambada)):
-        (data_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+def recall_sample(
+    doc: str, fits: Callable[[str], bool], keep_choices: bool
+) -> tuple[str, str, list[str]] | None:
+    """(context, answer, choices) for a document's last quiz question: the context runs up to its
+    `Answer:`, and the choices are the answers the document gives to its other questions. Where the whole
+    document does not `fit`, paragraphs go from the start, then the earlier quiz lines, until it does;
+    the paragraphs stating the answer (with `keep_choices`, every choice) always stay whole, so each
+    fact keeps its subject. None if even that does not fit."""
+    offset, answer = recall_answers(doc)[-1]
+    choices = sorted([answer, *list(dict.fromkeys(a for _, a in recall_answers(doc) if a != answer))[:3]])
+    kept_facts = choices if keep_choices else [answer]
+    *body, quiz = doc[:offset].rstrip().split("\n\n")
+    header, *asked = quiz.split("\n" + QUESTION_PREFIX)
+    units = [(i, text, any(fact in text for fact in kept_facts)) for i, text in enumerate(body)]
+    units += [(len(units) + i, QUESTION_PREFIX + q, False) for i, q in enumerate(asked[:-1])]
+    droppable = [i for i, (_, _, needed) in enumerate(units) if not needed]
+
+    def context(dropped: set[int]) -> str:
+        kept = [(i, text) for i, text, _ in units if i not in dropped]
+        quiz = "\n".join([header, *(t for i, t in kept if i >= len(body)), QUESTION_PREFIX + asked[-1]])
+        return "\n\n".join([*(t for i, t in kept if i < len(body)), quiz])
+
+    if not fits(context(set(droppable))):  # the shortest it can be: most documents stop here
+        return None
+    n = next(n for n in range(len(droppable) + 1) if fits(context(set(droppable[:n]))))
+    return context(set(droppable[:n])), answer, choices
 
 
-def rayb_tasks(include_dir: Path, n_docs: int) -> Path:
-    """rayb's task YAMLs, pointed at freshly generated data, in `include_dir` (for TaskManager)."""
-    write_rayb_task_data(include_dir, n_docs)
+def rayb_task_rows(task: str, n_docs: int, fits: Callable[[str], bool]) -> list[dict]:
+    """`task`'s rows, generated (deterministically) from held-out documents; the recall tasks take the
+    first `n_docs` documents whose quiz question and the facts it asks about `fit` the model's context,
+    and refuse (ValueError) where too few do."""
+    if task == "rayb_text":
+        return [
+            {"text": generate_document("web" if i % 2 else "edu", HELD_OUT_SEED, n_docs + i)}
+            for i in range(n_docs)
+        ]
+    docs = (generate_document("edu", HELD_OUT_SEED, i) for i in range(SCAN * n_docs))
+    samples = (recall_sample(doc, fits, keep_choices=task == "rayb_facts") for doc in docs)
+    rows = list(islice((RECALL_ROWS[task](*sample) for sample in samples if sample is not None), n_docs))
+    if len(rows) < n_docs:
+        raise ValueError(
+            f"lm_eval:{task}: only {len(rows)} of {n_docs} questions fit in the model's context with the facts "
+            f"they ask about, so it would score truncated text; raise data.seq_len or drop the suite"
+        )
+    return rows
+
+
+def study_task_problems(suites: list[str], options: dict, tokenizer, max_length: int) -> list[str]:
+    """Why a study's rayb recall tasks cannot run at its context length (checked before training)."""
+    n_docs = make_options(BENCHMARKS.get("lm_eval"), options).task_docs
+    lm = RaybLM(torch.nn.Identity(), tokenizer, max_length)
+    problems = []
+    for task in (
+        s.partition(":")[2] for s in suites if s.startswith("lm_eval:rayb_") and s != "lm_eval:rayb_text"
+    ):
+        try:
+            rayb_task_rows(task, n_docs, lm.fits)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+SCAN = 20  # documents looked at per sample wanted, before a task says its questions do not fit
+ANSWER_TOKENS = 16  # room after every recall context: the longest answer, and rayb_answer's max_gen_toks
+RECALL_ROWS: dict[str, Callable[[str, str, list[str]], dict]] = {
+    "rayb_facts": lambda context, answer, choices: {
+        "context": context,
+        "choices": choices,
+        "answer": choices.index(answer),
+    },
+    "rayb_lambada": lambda context, answer, _: {"text": f"{context} {answer.split()[0]}"},
+    "rayb_answer": lambda context, answer, _: {"context": context, "answer": answer},
+}
+
+
+def rayb_tasks(include_dir: Path, task: str, n_docs: int, fits: Callable[[str], bool]) -> Path:
+    """rayb's task YAMLs in `include_dir` (for TaskManager), and `task`'s data if it is one of them."""
+    if task.startswith("rayb_"):
+        rows = rayb_task_rows(task, n_docs, fits)
+        (include_dir / f"{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for yaml in TASKS_DIR.glob("*.yaml"):
         (include_dir / yaml.name).write_text(yaml.read_text().replace("@DATA_DIR@", str(include_dir)))
     return include_dir
@@ -116,20 +228,26 @@ class LMEvalOptions:
     batch_size: int = 16
     rayb_task_docs: int = 200  # examples in rayb's own generated tasks
 
+    @property
+    def task_docs(self) -> int:
+        """Examples to generate for rayb's own tasks: no more than lm-eval will read."""
+        return min(self.rayb_task_docs, self.limit or self.rayb_task_docs)
+
 
 def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     max_length = min(ctx.seq_len, context_limit(ctx.model) or ctx.seq_len)
+    lm = RaybLM(ctx.model, ctx.tokenizer, max_length, options.batch_size)
     with tempfile.TemporaryDirectory(prefix="rayb-lm-eval-") as include:
         results = simple_evaluate(
-            model=RaybLM(ctx.model, ctx.tokenizer, max_length, options.batch_size),
+            model=lm,
             tasks=[task],
             num_fewshot=options.num_fewshot,
             limit=options.limit,
             task_manager=TaskManager(  # indexing lm-eval's thousands of tasks takes seconds: only if needed
-                include_path=str(rayb_tasks(Path(include), options.rayb_task_docs)),
+                include_path=str(rayb_tasks(Path(include), task, options.task_docs, lm.fits)),
                 include_defaults=not task.startswith("rayb_"),
             ),
             random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
@@ -142,12 +260,13 @@ def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str
             if isinstance(value, int | float) and not isinstance(value, bool):
                 metrics[prefix + key.replace(",none", "")] = value
     metrics["task_version"] = str(results.get("versions", {}).get(task, ""))
+    metrics["truncated"] = len(lm.truncated)  # samples whose context lost its start to fit max_length
     return metrics
 
 
 register_benchmark(
     Benchmark(
-        "lm_eval", 1, run_lm_eval, LMEvalOptions,
+        "lm_eval", 2, run_lm_eval, LMEvalOptions,
         "lm-evaluation-harness tasks through rayb's TemplateLM (rayb_facts, rayb_text, or any lm-eval task)",
         argument="lm-eval task name", argument_required=True,
     )

@@ -444,7 +444,8 @@ def _suite_metrics(df: pd.DataFrame, suite: str) -> list[str]:
     prefix = f"{suite}."
     return [
         c for c in df.columns
-        if c.startswith(prefix) and c != f"{suite}.version" and pd.api.types.is_numeric_dtype(df[c])
+        if c.startswith(prefix) and c not in (f"{suite}.version", f"{suite}.truncated")
+        and pd.api.types.is_numeric_dtype(df[c])
     ]  # fmt: skip
 
 
@@ -476,6 +477,7 @@ def benchmark_tables(
             title = f"### {suite} (v{int(version.iloc[0])})" if len(version) else f"### {suite}"
             names = [m.removeprefix(f"{suite}.") for m in metrics]
             parts += [title, "", markdown_table(["model", *names], rows), "", *footnote(marks)]
+            parts += truncation_note(ok, suite)
     failures = [
         [r.model, str(r.seed), suite, error]
         for r in ok.itertuples()
@@ -489,6 +491,19 @@ def benchmark_tables(
             "",
         ]
     return ["## Benchmarks", "", *parts] if parts else []
+
+
+def truncation_note(ok: pd.DataFrame, suite: str) -> list[str]:
+    """How many of an lm-eval task's samples lost the start of their context to fit the model's."""
+    cut, samples = ok.get(f"{suite}.truncated"), ok.get(f"{suite}.sample_len")
+    if cut is None or samples is None or not (cut > 0).any():
+        return []
+    worst = ok.loc[cut.idxmax()]
+    return [
+        f"Contexts cut to fit: up to {int(worst[cut.name])} of {int(worst[samples.name])} samples per "
+        f"checkpoint ({worst.model}) lost their start, so this task measures less than it says.",
+        "",
+    ]
 
 
 def _selected_seeds(df: pd.DataFrame, row: ModelRow) -> pd.DataFrame:
