@@ -372,3 +372,16 @@ def test_scaling_is_not_checked_with_one_size_or_without_a_law():
     table, _ = _scaling_table(0.1)
     d = next(d for d in gate_all(GateSpec(), table, "base-0") if d.candidate == "cand-l")
     assert "red line on scaling not checked: the reference's scaling law is not usable (no fit)" in d.reasons
+
+
+@pytest.mark.parametrize(("losses", "words", "never"), [
+    ([3.05, 3.10], "loss +0.8% worse (not significant at 2 seeds), inside the promising bound", "+0.8% promising"),
+    ([2.80, 2.81], "loss -8.0% excellent", "loss -8.0% worse"),
+])  # fmt: skip
+def test_the_headline_names_a_worse_loss_for_what_it_is(losses, words, never):
+    """A loss 0.8% worse, not significant, sits inside "promising"'s 5% bound: the headline says worse."""
+    from rayb.report.sections import gate_headline
+
+    (d,) = gate_all(GateSpec(), _two_seed_study(losses), "base")
+    headline = gate_headline(d)
+    assert words in headline and never not in headline

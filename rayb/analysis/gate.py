@@ -226,8 +226,16 @@ def _describe(g: MetricGrade, rule: MetricRule, differ: str) -> str:
 
 
 def grade_label(g: MetricGrade) -> str:
-    """The class as the report's tables show it."""
-    return f"parity (not significant at {g.seeds_text})" if g.at_parity else g.grade
+    """The class as the report's tables show it. A class is a bound on the ratio, and a worse (or equal)
+    value can sit inside a flattering one (a loss 0.8% worse is within "promising"'s 5%): such a value
+    is named for what it is, never called by the class alone."""
+    if g.at_parity:
+        return f"parity (not significant at {g.seeds_text})"
+    if g.better or g.grade in (GRADES[0], *UNGRADED):
+        return g.grade
+    direction = "equal" if g.ratio == 1 else "worse"
+    significance = "significant" if g.significant else "not significant"
+    return f"{direction} ({significance} at {g.seeds_text}), inside the {g.grade} bound"
 
 
 def _red_lines(spec: GateSpec, grades: dict[str, MetricGrade]) -> tuple[list[str], list[str]]:
