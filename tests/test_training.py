@@ -168,3 +168,17 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
         result = json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())
         assert result["status"] == "ok"
         assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))
+
+
+@pytest.mark.parametrize("n", [1, 8, 13, 40])
+def test_interim_validation_reads_every_source_in_its_share(tiny_cache, n):
+    """Validation rows lie source after source; the interim slice must not be the first source alone."""
+    from rayb.train.loop import validation_rows
+
+    shares = [tiny_cache.manifest["sources"][name]["val_rows"] for name in ("edu", "web")]
+    total = sum(shares)
+    chosen = validation_rows(total, n)
+    assert len(set(chosen.tolist())) == len(chosen) == min(n, total) and chosen.max() < total
+    from_first = int((chosen < shares[0]).sum())
+    assert abs(from_first - len(chosen) * shares[0] / total) <= 1  # each source in its share, to a row
+    assert (validation_rows(total, total) == np.arange(total)).all()

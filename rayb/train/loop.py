@@ -294,20 +294,26 @@ def _end_of_step(run: _Run, done: int) -> None:
 
 @torch.no_grad()
 def _validation_loss(run: _Run, rows: int | None = None) -> float:
-    """Loss on a fixed slice of the validation rows (the first `rows`, default eval_batches micro-batches),
-    split across ranks and summed."""
+    """Loss on `rows` validation rows (default eval_batches micro-batches), split across ranks and summed."""
     began = time.perf_counter()
     t, engine, val = run.train, run.engine, run.cache.val
     engine.eval()
-    n = min(len(val), rows or t.eval_batches * t.micro_batch)
+    chosen = validation_rows(len(val), min(len(val), rows or t.eval_batches * t.micro_batch))
     nll, count = 0.0, 0
-    for start in range(run.rank * t.micro_batch, n, run.world * t.micro_batch):
-        ids = as_ids(val[start : min(n, start + t.micro_batch)], engine.device)
+    for start in range(run.rank * t.micro_batch, len(chosen), run.world * t.micro_batch):
+        ids = as_ids(val[chosen[start : start + t.micro_batch]], engine.device)
         nll += next_token_nll(engine, ids).item()
         count += ids[:, 1:].numel()
     total_nll, total_count = run.comm.sum([nll, count])
     run.timings["validation_s"] += time.perf_counter() - began
     return total_nll / total_count
+
+
+def validation_rows(total: int, n: int) -> np.ndarray:
+    """`n` of the `total` validation rows, evenly spaced: the rows lie source after source in the mix's
+    proportions, so an even stride reads every source in its share (the first n rows would read only the
+    first source), and every trial reads the same rows."""
+    return np.linspace(0, total - 1, n).round().astype(np.int64) if n < total else np.arange(total)
 
 
 def _checkpoint(engine, trial: TrialSpec, step: int, metrics: dict[str, float]) -> None:
