@@ -13,6 +13,8 @@
 # study with several learning rates (train.lr: [...]); the same script runs it.
 # --eval-only evaluates the checkpoints the study already trained with its (new) eval suites and refuses
 # to train anything (jobs/submit_eval.sh).
+# RAYB_RUNTIME_ENV names another runtime-env file for the job (default jobs/runtime_env.yaml): say, one that
+# adds your own environment variables, or one without working_dir where the cluster's image holds the code.
 # Submitting the same study again after a failure resumes it: finished trials are kept, unfinished ones
 # continue from their last checkpoint. Ctrl-C stops following the logs, not the job (`ray job stop ID`).
 set -euo pipefail
@@ -30,4 +32,4 @@ for arg in "$@"; do
 done
 cd "$(dirname "$0")/.."
 rayb validate "$study"  # a bad study fails here, before it reaches the cluster
-exec ray job submit --runtime-env jobs/runtime_env.yaml -- rayb run "$study" --output "$output" ${args[@]+"${args[@]}"}  # (bash 3.2-safe when empty)
+exec ray job submit --runtime-env "${RAYB_RUNTIME_ENV:-jobs/runtime_env.yaml}" -- rayb run "$study" --output "$output" ${args[@]+"${args[@]}"}  # (bash 3.2-safe when empty)

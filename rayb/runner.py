@@ -271,7 +271,7 @@ def run_study(
                 at_once = min(slots, len(packs))
                 groups = max(groups, at_once)
                 feed.packs, feed.slots = packs, slots
-                errors |= run_packs(packs, storage.join(out, "ray", "tune"), at_once)
+                errors |= run_packs(packs, storage.join(out, "ray", "tune"), at_once, study_dir)
                 if study.seed_rounds is None:
                     break
                 await_held_out_loss(study, wanted, evaluated)

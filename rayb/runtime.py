@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import os
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from rayb.tune.packs import Capacity
+from rayb.tune.packs import Capacity, NodeType
+
+# Where Ray's cluster launcher (`ray up`) leaves the head's autoscaler its configuration.
+BOOTSTRAP_CONFIG = Path("~/ray_bootstrap_config.yaml")
 
 
 def init_ray(ray_logs: Path | None = None) -> None:
@@ -105,18 +113,121 @@ def capacity() -> Capacity:
         for node in ray.nodes()
         if node.get("Alive")
     )  # fmt: skip
-    return Capacity(nodes, autoscaler_limits())
+    node_types, scales = autoscaler(ray.get_runtime_context().gcs_address)
+    return Capacity(nodes, node_types, scales)
 
 
-def autoscaler_limits() -> dict[str, float] | None:
-    """The cluster's resources with every node type at its max_workers, from the autoscaler's published
-    config; None on a cluster that cannot scale (a local instance, `ray start` nodes)."""
-    try:
+@functools.lru_cache
+def autoscaler(gcs_address: str) -> tuple[tuple[NodeType, ...], bool]:
+    """The node types the cluster's autoscaler may launch, and whether an autoscaler runs at all. Ray 2.60
+    publishes no autoscaler configuration to the cluster (the GCS key that Ray's own
+    `get_max_resources_from_cluster_config` reads stays empty), so rayb looks where the head keeps it:
+    1. a configuration reported to the GCS, should a Ray release or KubeRay start reporting one;
+    2. the file the autoscaler of this cluster runs from: `monitor.py --autoscaling-config=F` on this
+       machine (a driver of `ray job submit` runs on the head), else the cluster launcher's
+       ~/ray_bootstrap_config.yaml. A monitor with no such flag runs over a read-only view of the nodes
+       that are up: the cluster is fixed;
+    3. where no monitor runs here (KubeRay's autoscaler is a container of its own), autoscaler v2's flag
+       in the GCS: an autoscaler whose node types rayb cannot read, so it may add any.
+    Otherwise the cluster is taken as fixed."""
+    if types := _reported_node_types():
+        return types, True
+    config = _monitor_config(gcs_address)
+    if config is None and BOOTSTRAP_CONFIG.expanduser().is_file():
+        config = _read_yaml(BOOTSTRAP_CONFIG.expanduser())
+    if config is not None:
+        types = node_types(config)
+        return types, bool(types)
+    return (), _autoscaler_v2()
+
+
+def node_types(config: dict[str, Any]) -> tuple[NodeType, ...]:
+    """The node types an autoscaler's cluster configuration (a `ray up` YAML) may launch: those with
+    max_workers above zero, the cluster's own max_workers capping each."""
+    cap = config.get("max_workers", math.inf)
+    types = []
+    for name, spec in (config.get("available_node_types") or {}).items():
+        if (count := min(spec.get("max_workers", 0), cap)) > 0:
+            types.append(
+                NodeType(name, {k: float(v) for k, v in spec.get("resources", {}).items()}, int(count))
+            )
+    return tuple(types)
+
+
+def _reported_node_types() -> tuple[NodeType, ...]:
+    try:  # a private API: without it, rayb reads the head's own files
         from ray._private.state import state
 
-        return state.get_max_resources_from_cluster_config() or None
-    except Exception:  # noqa: BLE001  (a private API: without it, the cluster is taken as fixed)
+        config = state.get_cluster_config()
+    except Exception:  # noqa: BLE001
+        return ()
+    groups = config.node_group_configs if config is not None else []
+    return tuple(NodeType(g.name, dict(g.resources), g.max_count) for g in groups if g.max_count > 0)
+
+
+def _monitor_config(gcs_address: str) -> dict[str, Any] | None:
+    """The configuration this cluster's autoscaler runs from when its monitor runs on this machine: {}
+    for a monitor started without one (`ray start --head` alone), None where no monitor of this cluster
+    runs here."""
+    import psutil
+
+    port = gcs_address.rpartition(":")[2]
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if not any(a.endswith("autoscaler/_private/monitor.py") for a in args):
+            continue
+        flags = dict(a[2:].partition("=")[::2] for a in args if a.startswith("--"))
+        if flags.get("gcs-address", "").rpartition(":")[2] != port:
+            continue
+        config = flags.get("autoscaling-config")
+        return _read_yaml(Path(config).expanduser()) if config else {}
+    return None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):  # unreadable: the autoscaler is there, what it adds is not known
+        return {"available_node_types": {}}
+
+
+def _autoscaler_v2() -> bool:
+    try:
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+        return is_autoscaler_v2(fetch_from_server=True)
+    except Exception:  # noqa: BLE001  (a private API)
+        return False
+
+
+def scaling_activity() -> str | None:
+    """What the autoscaler is doing for the cluster, in words ("starting 1 cpu2"), or None when it starts
+    nothing: read from autoscaler v1's status in the GCS, or v2's cluster status."""
+    import ray
+
+    starting: Counter[str] = Counter()
+    if _autoscaler_v2():
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+        for launch in status.pending_launches:
+            starting[launch.ray_node_type_name] += launch.count
+        for node in status.pending_nodes:
+            starting[node.ray_node_type_name] += 1
+    else:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get("__autoscaling_status")  # ray_constants.DEBUG_AUTOSCALING_STATUS
+        report = json.loads(raw).get("autoscaler_report", {}) if raw else {}
+        starting.update(report.get("pending_launches") or {})
+        for _ip, node_type, *_ in report.get("pending_nodes") or []:
+            starting[node_type] += 1
+    if not starting:
         return None
+    nodes = ", ".join(f"{n} {name}" for name, n in sorted(starting.items()))
+    return f"waiting for nodes: the autoscaler is starting {nodes}"
 
 
 def cluster_summary() -> dict[str, float | int]:

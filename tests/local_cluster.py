@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from conftest import free_ports
 
 NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
@@ -59,6 +60,32 @@ def _ports(flags: tuple[str, ...]) -> dict[str, int]:
     return dict(zip(flags, free_ports(len(flags)), strict=True))
 
 
+def _fake_autoscaler(head_cpus: int, node_types: dict[str, dict], gcs_port: int) -> dict:
+    """A `ray up` configuration for Ray's fake multi-node provider (its nodes are processes here)."""
+    head = "ray.head.default"  # the provider's own name for the head's type
+    return {
+        "cluster_name": "rayb-fake",
+        "max_workers": len(node_types),
+        "idle_timeout_minutes": 60,
+        "provider": {
+            "type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+            "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{gcs_port}",
+        },
+        "available_node_types": {head: {"resources": {"CPU": head_cpus}, "node_config": {}, "max_workers": 0}}
+        | {
+            name: {"resources": resources, "node_config": {}, "min_workers": 0, "max_workers": 1}
+            for name, resources in node_types.items()
+        },
+        "head_node_type": head,
+        "auth": {"ssh_user": "ubuntu"},
+        "file_mounts": {}, "cluster_synced_files": [],
+        **dict.fromkeys(
+            ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+             "head_start_ray_commands", "worker_start_ray_commands"), [],
+        ),
+    }  # fmt: skip
+
+
 def _cmdline(proc) -> list[str]:
     import psutil
 
@@ -76,11 +103,18 @@ class LocalCluster:
     address: str = ""  # the dashboard's, for `ray job submit`
     gcs: str = ""  # the head's, for `ray start --address`
 
-    def start_head(self, num_cpus: int) -> Node:
+    def start_head(self, num_cpus: int, node_types: dict[str, dict] | None = None) -> Node:
+        """The head. With `node_types` ({name: {CPU: n, ...}}), its autoscaler is Ray's own, over Ray's fake
+        provider: it starts nodes of those types, from zero up to one each, as processes on this machine,
+        when work waits for their resources."""
         ports = _ports(HEAD_PORTS)
-        node = self._start(
-            ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"], num_cpus, ports
-        )
+        args = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
+        if node_types is not None:
+            config = self.root / "autoscaler.yaml"
+            config.write_text(yaml.safe_dump(_fake_autoscaler(num_cpus, node_types, ports["port"])))
+            args.append(f"--autoscaling-config={config}")
+            self.env = self.env | {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+        node = self._start(args, num_cpus, ports)
         self.address, self.gcs = f"http://127.0.0.1:{ports['dashboard-port']}", f"127.0.0.1:{ports['port']}"
         # Ready means a job runs: the job API answers before the head's job agent is up.
         probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]

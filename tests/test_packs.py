@@ -13,8 +13,10 @@ from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
 from rayb.tune.packs import (
     Capacity,
+    NodeType,
     groups_fitting,
     left_free,
+    one_node,
     pack_trials,
     split_groups,
     trial_slots,
@@ -85,16 +87,45 @@ def test_slots_count_each_trials_real_resources_node_by_node():
     assert trial_slots(TrainSpec(), two_cores) == 2  # a trial holds its worker's CPU, nothing more
     assert trial_slots(TrainSpec(), four_cores) == 4
     assert trial_slots(TrainSpec(num_workers=2, global_batch=32), Capacity(({"CPU": 5.0},))) == 2
-    # A group of up to 8 workers stays on one node: two 3-CPU nodes hold no 4-worker group ...
+    # A group that some node holds whole stays on one node: two 3-CPU nodes beside a 9-CPU one add none ...
     four_workers = TrainSpec(num_workers=4, global_batch=32)
-    assert groups_fitting(four_workers, [{"CPU": 3.0}, {"CPU": 3.0}]) == 0
-    assert groups_fitting(four_workers, [{"CPU": 3.0}, {"CPU": 9.0}]) == 2
-    # ... and GPUs limit a GPU study where CPUs do not: 8 GPUs and 96 CPUs per node hold 8 groups each.
+    assert groups_fitting(four_workers, [({"CPU": 3.0}, 2), ({"CPU": 9.0}, 1)], on_one_node=True) == 2
+    # ... and where no node holds it, it spreads: 6 CPUs on two nodes hold one 4-worker group.
+    assert groups_fitting(four_workers, [({"CPU": 3.0}, 2)], on_one_node=False) == 1
+    # GPUs limit a GPU study where CPUs do not: 8 GPUs and 96 CPUs per node hold 8 groups each.
     gpu_nodes = Capacity(({"CPU": 96.0, "GPU": 8.0}, {"CPU": 96.0, "GPU": 8.0}, {"CPU": 8.0}))
     assert trial_slots(TrainSpec(use_gpu=True), gpu_nodes) == 16
-    # A cluster that scales up from no GPUs still plans its trials side by side.
-    scaling = Capacity(({"CPU": 4.0},), autoscaled={"CPU": 4.0 + 4 * 96, "GPU": 32.0})
+    # A cluster that scales up from no GPUs plans its trials side by side on the nodes it may launch.
+    scaling = Capacity(({"CPU": 4.0},), (NodeType("gpu_a100x8", {"CPU": 96.0, "GPU": 8.0}, 4),), scales=True)
     assert trial_slots(TrainSpec(use_gpu=True), scaling) == 32
+    # An autoscaler whose node types rayb cannot read: the trials run as the live nodes hold them.
+    assert trial_slots(TrainSpec(use_gpu=True), Capacity(({"CPU": 4.0},), scales=True)) == 1
+
+
+A100X8 = NodeType("gpu_a100x8", {"CPU": 96.0, "GPU": 8.0}, 2)
+A10GX4 = NodeType("gpu_a10gx4", {"CPU": 48.0, "GPU": 4.0}, 3)
+
+
+def test_placement_follows_the_nodes_the_cluster_has_or_can_launch():
+    head = ({"CPU": 8.0},)
+    eight = TrainSpec(use_gpu=True, num_workers=8, global_batch=64)
+    six = TrainSpec(use_gpu=True, num_workers=6, global_batch=48)
+    # 8 workers on 8-GPU nodes that the autoscaler will launch: one node each (NVLink).
+    assert one_node(eight, Capacity(head, (A100X8,), scales=True))
+    assert trial_slots(eight, Capacity(head, (A100X8,), scales=True)) == 2
+    # 6 workers where the largest node has 4 GPUs: spread over two nodes, placed rather than refused.
+    four_gpu_nodes = Capacity(head, (A10GX4,), scales=True)
+    assert not one_node(six, four_gpu_nodes)
+    assert unfittable(six, four_gpu_nodes) is None
+    assert trial_slots(six, four_gpu_nodes) == 2  # 12 GPUs at most: two groups of six
+    # The same on live nodes alone (a fixed cluster of two 4-GPU machines).
+    live = Capacity(({"CPU": 48.0, "GPU": 4.0}, {"CPU": 48.0, "GPU": 4.0}))
+    assert not one_node(six, live) and unfittable(six, live) is None and trial_slots(six, live) == 1
+    # A live node that holds the group keeps it on one node, whatever else the cluster has.
+    assert one_node(six, Capacity(({"CPU": 96.0, "GPU": 8.0}, {"CPU": 48.0, "GPU": 4.0})))
+    # Node types rayb cannot read, and no live node that holds the group: it spreads (a group held to one
+    # node that no node type has would wait forever).
+    assert not one_node(eight, Capacity(head, scales=True))
 
 
 def test_what_the_worker_groups_leave_free_is_left_for_evaluation():
@@ -108,11 +139,20 @@ def test_what_the_worker_groups_leave_free_is_left_for_evaluation():
 def test_a_cluster_that_can_never_fit_a_trial_is_named_with_what_is_missing():
     four_workers = TrainSpec(num_workers=4, global_batch=32)
     why = unfittable(four_workers, Capacity(({"CPU": 2.0},)))
-    assert "needs 4 CPU on one node" in why and "have 2 CPU" in why and "train.num_workers" in why
+    assert "needs 4 CPU" in why and "have 2 CPU" in why and "train.num_workers" in why
+    assert "no autoscaler" in why
     assert unfittable(four_workers, Capacity(({"CPU": 4.0},))) is None
-    assert unfittable(four_workers, Capacity(({"CPU": 2.0},), autoscaled={"CPU": 64.0})) is None
+    # A 1-CPU head whose autoscaler may add one 2-CPU node: 2 workers fit once it has, 4 never do.
+    scaling = Capacity(({"CPU": 1.0},), (NodeType("cpu2", {"CPU": 2.0}, 1),), scales=True)
+    assert unfittable(TrainSpec(num_workers=2, global_batch=32), scaling) is None
+    why = unfittable(four_workers, scaling)
+    assert "have 1 CPU" in why and "node types (cpu2: 2 CPU, at most 1)" in why
+    # An autoscaler whose node types rayb cannot read may add anything: nothing is refused.
+    assert unfittable(four_workers, Capacity(({"CPU": 1.0},), scales=True)) is None
     why = unfittable(TrainSpec(use_gpu=True), Capacity(({"CPU": 8.0},)))
     assert "1 GPU" in why and "0 GPU" in why
+    # The shipped cloud clusters start with no GPU node: a GPU study waits for the autoscaler's.
+    assert unfittable(TrainSpec(use_gpu=True), Capacity(({"CPU": 8.0},), (A100X8,), scales=True)) is None
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.ray
+REPO = Path(__file__).parent.parent
 
 
 def test_local_workers_get_the_drivers_import_path_without_a_job_runtime_env(ray_session):
@@ -26,3 +28,39 @@ def test_local_workers_get_the_drivers_import_path_without_a_job_runtime_env(ray
     assert preemption_watcher == "0"  # nothing drains a local node: no watcher actor per worker group
     # The raylet these workers came from runs Ray's forced gc.collect() in them every 5 minutes at most.
     assert gc_interval == "300"
+
+
+@pytest.mark.parametrize("cluster_file", ["aws.yaml", "gcp.yaml"])
+def test_a_gpu_study_on_the_shipped_clusters_waits_for_the_gpu_nodes_their_autoscaler_adds(cluster_file):
+    """Both cluster files start with a CPU head and no GPU node: a GPU study must wait for the 8xA100 nodes
+    the autoscaler launches, not be refused for the GPUs the head lacks."""
+    import yaml
+
+    from rayb.runtime import node_types
+    from rayb.study import load_study
+    from rayb.tune.packs import Capacity, one_node, trial_slots, unfittable
+
+    config = yaml.safe_load((REPO / "cluster" / cluster_file).read_text())
+    types = {t.name: t for t in node_types(config)}
+    gpu_type = next(t for t in types.values() if t.resources.get("GPU"))
+    assert gpu_type.resources == {"CPU": 96.0, "GPU": 8.0} and gpu_type.max_workers == 2
+    head = config["available_node_types"][config["head_node_type"]]["resources"]
+    assert config["head_node_type"] not in types  # the head is up already; the autoscaler adds none
+    train = load_study(REPO / "configs" / "groundthink-gate.yaml").train  # 4 workers, one GPU each
+    fixed, scaling = (
+        Capacity(({"CPU": 8.0, "GPU": head["GPU"]},)),
+        Capacity(({"CPU": 8.0, "GPU": head["GPU"]},), tuple(types.values()), scales=True),
+    )
+    assert unfittable(train, fixed) is not None  # the same head with no autoscaler: refused
+    assert unfittable(train, scaling) is None
+    assert one_node(train, scaling) and trial_slots(train, scaling) == 4  # 2 nodes x 8 GPUs / 4 workers
+
+
+def test_a_local_instance_is_a_fixed_cluster(ray_session):
+    """rayb's own local Ray runs an autoscaler monitor over the nodes it has (no configuration): fixed."""
+    from rayb import runtime
+
+    capacity = runtime.capacity()
+    assert not capacity.scales and not capacity.node_types
+    assert capacity.nodes == ({"CPU": float(os.cpu_count())},)
+    assert runtime.scaling_activity() is None

@@ -54,11 +54,16 @@ def _live(study_dir: Path | str, console: Console, stop: threading.Event) -> Non
 
 def _lines(study_dir: Path | str, console: Console, stop: threading.Event) -> None:
     states: dict[tuple[str, float, int], str] = {}
+    cluster = None
     said = time.monotonic()
     while not stop.wait(_tick(study_dir)):
         status = _read(study_dir)
         if status is None:
             continue
+        if status.cluster != cluster:
+            cluster = status.cluster
+            console.print(f"rayb cluster: {cluster or 'nodes ready'}", highlight=False)
+            said = time.monotonic()
         for t in status.trials:
             if states.get((t.model, t.lr, t.seed), "queued") != t.state:
                 states[(t.model, t.lr, t.seed)] = t.state

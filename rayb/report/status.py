@@ -10,6 +10,7 @@ or failed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TRIAL_ERROR, TrialSpec, read_metrics
 
 TRIALS_NAME = "trials.json"
+CLUSTER_NAME = "cluster.json"  # what the cluster does for the study's trials (sweep.py's ClusterWatch)
 RECENT_STEPS = 10  # the steps whose mean time gives a running trial's ETA
 
 
@@ -47,6 +49,7 @@ class StudyStatus:
     evaluations_done: int
     evaluations_total: int
     finished: bool  # the study's results table is written
+    cluster: str | None = None  # what the cluster does while trials wait ("waiting for nodes: ...")
 
 
 def write_trials(study_dir: Path | str, trials: list[TrialSpec]) -> None:
@@ -54,6 +57,13 @@ def write_trials(study_dir: Path | str, trials: list[TrialSpec]) -> None:
     from rayb.files import write_json_atomic
 
     write_json_atomic(storage.join(study_dir, TRIALS_NAME), [t.to_dict() for t in trials])
+
+
+def write_cluster(study_dir: Path | str, what: str | None) -> None:
+    """What the cluster is doing for the study's trials, in words; None once it is doing nothing for them."""
+    from rayb.files import write_json_atomic
+
+    write_json_atomic(storage.join(study_dir, CLUSTER_NAME), {"cluster": what, "at": time.time()})
 
 
 def study_status(study_dir: Path | str) -> StudyStatus:
@@ -82,6 +92,7 @@ def study_status(study_dir: Path | str) -> StudyStatus:
         name=study.get("name", storage.name(study_dir)), trials=[_trial_status(t) for t in trials],
         evaluations_done=done, evaluations_total=len(trained) * len(suites),
         finished=storage.exists(storage.join(study_dir, RESULTS_NAME)),
+        cluster=read_json(storage.join(study_dir, CLUSTER_NAME)).get("cluster"),
     )  # fmt: skip
 
 
@@ -135,7 +146,8 @@ def status_table(status: StudyStatus) -> Table:
         "done" if status.finished else "jobs done / total",
     )  # fmt: skip
     failed = [f"{t.model} seed {t.seed}: traceback in {t.error}" for t in status.trials if t.error]
-    table.caption = "\n".join(failed) or None
+    cluster = [f"cluster: {status.cluster}"] if status.cluster else []
+    table.caption = "\n".join(cluster + failed) or None
     return table
 
 

@@ -12,26 +12,31 @@ from rayb.models.kernels import KernelPath
 from rayb.models.selfcheck import CheckResult, ModelToCheck
 from rayb.train.loop import train_loop_per_worker
 from rayb.train.trial import TrialPack
-from rayb.tune.packs import ONE_NODE_WORKERS, worker_resources
+from rayb.tune.packs import worker_resources
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
 # Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end of
 # a run wait for the next poll: seconds per trial, more than a small model's checkpoint costs. Ray Train
 # passes the setting on from the process that builds the trainer to its controller and workers.
 HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-# Worker groups that fail to start (the cluster is busy, or a node is gone) are retried this often when
-# no autoscaler can add nodes; Ray Train's default retries forever, and a study then hangs.
-GROUP_START_RETRIES = 3
+# How long a worker group waits for its resources before Ray Train gives up on that attempt and starts
+# another. Ray's default, 60 s, is less than a GPU node takes to boot; each attempt drops the resource
+# request the autoscaler is serving and asks again. Waiting never fails a trial: Ray Train retries a group
+# that has not started for as long as it takes (its default), and the sweep's ClusterWatch (tune/sweep.py)
+# ends a wait that the cluster can no longer ever satisfy.
+GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 
-def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loop_per_worker) -> None:
-    """Train a pack's trials on one worker group. `loop` is the per-worker function (rayb's; a test may wrap it)."""
+def fit_pack(
+    pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loop_per_worker, one_node: bool = True
+) -> None:
+    """Train a pack's trials on one worker group: on a single node where `one_node` (packs.one_node),
+    else across nodes. `loop` is the per-worker function (rayb's; a test may wrap it)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from rayb.runtime import autoscaler_limits
-
-    os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # a user's own setting wins
+    for setting in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT):
+        os.environ.setdefault(*setting)  # a user's own setting wins
     t = pack.train
     trainer = TorchTrainer(
         loop,
@@ -43,16 +48,13 @@ def fit_pack(pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loo
             use_gpu=t.use_gpu,
             resources_per_worker=worker_resources(t),
             # NCCL within a node runs over NVLink; across nodes, over the network.
-            placement_strategy="STRICT_PACK" if t.num_workers <= ONE_NODE_WORKERS else "PACK",
+            placement_strategy="STRICT_PACK" if one_node else "PACK",
         ),  # fmt: skip
         run_config=RunConfig(
             name=pack.run_name,
             storage_path=pack.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            failure_config=FailureConfig(
-                max_failures=MAX_WORKER_FAILURES,
-                controller_failure_limit=-1 if autoscaler_limits() else GROUP_START_RETRIES,
-            ),
+            failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
         ),
     )
     trainer.fit()

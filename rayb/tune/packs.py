@@ -34,23 +34,44 @@ def group_of(model: str, arch: str, train: TrainSpec) -> str:
     return json.dumps([train.num_workers, train.use_gpu, train.gpus_per_trial, own])
 
 
-ONE_NODE_WORKERS = 8  # a worker group this size or smaller is placed on one node (one 8-GPU machine)
 # An autoscaler with no upper bound reports sys.maxsize; worker groups beyond this many at once are not useful.
 MAX_AUTOSCALED_GROUPS = 4096
 
 
 @dataclass(frozen=True)
+class NodeType:
+    """A kind of node an autoscaler may launch: its resources, and how many of it at most."""
+
+    name: str
+    resources: dict[str, float]
+    max_workers: int
+
+
+@dataclass(frozen=True)
 class Capacity:
-    """What trials may use: each live node's resources, and the most an autoscaler may bring up."""
+    """What trials may use: each live node's resources, and what an autoscaler may bring up."""
 
     nodes: tuple[dict[str, float], ...]
-    # The cluster's totals with its node types at max_workers; None for a cluster that cannot scale.
-    autoscaled: dict[str, float] | None = None
+    node_types: tuple[NodeType, ...] = ()  # what the autoscaler may launch, where rayb can read it
+    # An autoscaler runs. With no node_types, rayb cannot see what it may add: nothing is refused for
+    # want of nodes (Ray Train does the same with an unknown limit).
+    scales: bool = False
 
     @classmethod
     def of_gpus(cls, gpus: float) -> Capacity:
         """A cluster described only by its GPUs (`rayb plan`): CPUs are not what limits it."""
         return cls(({"GPU": gpus, "CPU": math.inf},))
+
+    @property
+    def unknown(self) -> bool:
+        """An autoscaler whose node types rayb cannot read: any trial may fit once it scales."""
+        return self.scales and not self.node_types
+
+    def largest(self) -> list[tuple[dict[str, float], int]]:
+        """The cluster at its largest, as (node, how many): the live nodes, and every node type the
+        autoscaler may launch at its max_workers."""
+        launchable = [(t.resources, t.max_workers) for t in self.node_types if t.max_workers > 0]
+        return [(node, 1) for node in self.nodes] + launchable
 
 
 def worker_resources(train: TrainSpec) -> dict[str, float]:
@@ -71,44 +92,57 @@ def _workers_on(node: dict[str, float], train: TrainSpec) -> int:
     return int(min(node.get(name, 0.0) / amount + 1e-9 for name, amount in worker_resources(train).items()))
 
 
-def groups_fitting(train: TrainSpec, nodes: tuple[dict[str, float], ...] | list[dict[str, float]]) -> int:
-    """Worker groups that fit on `nodes` at once: a group of up to ONE_NODE_WORKERS on a single node
-    (STRICT_PACK), a larger one on any nodes."""
-    workers = [_workers_on(node, train) for node in nodes]
-    if train.num_workers <= ONE_NODE_WORKERS:
-        return sum(w // train.num_workers for w in workers)
-    return sum(workers) // train.num_workers
+def one_node(train: TrainSpec, capacity: Capacity) -> bool:
+    """Whether a worker group is placed on a single node (STRICT_PACK: NCCL over NVLink, not the network):
+    where some live node, or a node type the autoscaler may launch, holds all its workers. Otherwise its
+    workers spread over nodes (PACK: as few as Ray can). With node types rayb cannot read and no live node
+    that holds the group, it spreads: a group held to one node that no node type has would wait forever."""
+    return any(_workers_on(node, train) >= train.num_workers for node, _ in capacity.largest())
+
+
+def groups_fitting(train: TrainSpec, nodes: list[tuple[dict[str, float], int]], on_one_node: bool) -> int:
+    """Worker groups that fit at once on `nodes` ((node, how many) pairs): each on a single node when
+    `on_one_node`, else across any nodes."""
+    workers = [(_workers_on(node, train), count) for node, count in nodes]
+    if on_one_node:
+        return sum((w // train.num_workers) * count for w, count in workers)
+    return sum(w * count for w, count in workers) // train.num_workers
 
 
 def trial_slots(train: TrainSpec, capacity: Capacity) -> int:
     """Worker groups that can train at once: the study's max_concurrent_trials, else as many as the
-    nodes hold, or as an autoscaler's largest cluster holds (a cluster that scales up from zero GPUs
-    still runs its trials side by side)."""
+    nodes hold, or as the cluster holds once its autoscaler has launched every node type it may (a
+    cluster that scales up from zero GPUs still runs its trials side by side)."""
     if train.max_concurrent_trials:
         return train.max_concurrent_trials
-    later = groups_fitting(train, [capacity.autoscaled]) if capacity.autoscaled else 0
-    return max(1, groups_fitting(train, capacity.nodes), min(later, MAX_AUTOSCALED_GROUPS))
+    packed = one_node(train, capacity)
+    now = groups_fitting(train, [(node, 1) for node in capacity.nodes], packed)
+    later = groups_fitting(train, capacity.largest(), packed)
+    return max(1, now, min(later, MAX_AUTOSCALED_GROUPS))
 
 
 def unfittable(train: TrainSpec, capacity: Capacity) -> str | None:
-    """Why no trial can ever start on this cluster (None when one can, now or once it has scaled up)."""
-    if groups_fitting(train, capacity.nodes) or (
-        capacity.autoscaled and groups_fitting(train, [capacity.autoscaled])
-    ):
+    """Why no trial can ever start on this cluster (None when one can, now or once it has scaled up, or
+    when an autoscaler runs whose node types rayb cannot read)."""
+    if capacity.unknown or groups_fitting(train, capacity.largest(), one_node(train, capacity)):
         return None
     per_worker = worker_resources(train)
     need = ", ".join(f"{amount * train.num_workers:g} {name}" for name, amount in per_worker.items())
-    where = "on one node" if train.num_workers <= ONE_NODE_WORKERS else "in all"
-    have = "; ".join(
-        ", ".join(f"{node.get(name, 0):g} {name}" for name in per_worker) for node in capacity.nodes
-    )  # fmt: skip
+
+    def shape(node: dict[str, float]) -> str:
+        return ", ".join(f"{node.get(name, 0):g} {name}" for name in per_worker)
+
+    have = "; ".join(shape(node) for node in capacity.nodes)
+    types = "; ".join(f"{t.name}: {shape(t.resources)}, at most {t.max_workers}" for t in capacity.node_types)
     return (
-        f"a trial needs {need} {where} (train.num_workers: {train.num_workers}, each worker 1 CPU"
+        f"a trial needs {need} (train.num_workers: {train.num_workers}, each worker 1 CPU"
         + (f" and {per_worker['GPU']:g} GPU" if "GPU" in per_worker else "")
-        + f"), but the cluster's nodes have {have or 'nothing'} and it has no autoscaler that could add more. "
-        "Lower train.num_workers, or start Ray with more resources (ray start --num-cpus/--num-gpus, or a "
-        "bigger node)"
-    )
+        + f"), but the cluster's nodes have {have or 'nothing'}"
+        + (f" and its autoscaler's node types ({types}) add no more" if types else
+           " and it has no autoscaler that could add more")
+        + ". Lower train.num_workers, or give Ray more resources (ray start --num-cpus/--num-gpus, a bigger "
+        "node, or a node type in the autoscaler's configuration that fits)"
+    )  # fmt: skip
 
 
 def split_groups(groups: list[list[T]], slots: int) -> list[list[T]]:
