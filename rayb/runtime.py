@@ -128,7 +128,9 @@ def autoscaler(gcs_address: str) -> tuple[tuple[NodeType, ...], bool]:
        ~/ray_bootstrap_config.yaml. A monitor with no such flag runs over a read-only view of the nodes
        that are up: the cluster is fixed;
     3. where no monitor runs here (KubeRay's autoscaler is a container of its own), autoscaler v2's flag
-       in the GCS: an autoscaler whose node types rayb cannot read, so it may add any.
+       in the GCS, or v1's status naming node types of a real configuration (a monitor over the nodes
+       that are up names each `node_<id>`): an autoscaler whose node types rayb cannot read, so it may add
+       any.
     Otherwise the cluster is taken as fixed."""
     if types := _reported_node_types():
         return types, True
@@ -138,7 +140,7 @@ def autoscaler(gcs_address: str) -> tuple[tuple[NodeType, ...], bool]:
     if config is not None:
         types = node_types(config)
         return types, bool(types)
-    return (), _autoscaler_v2()
+    return (), _autoscaler_v2() or configured_types(_v1_status(), _live_node_ids())
 
 
 def node_types(config: dict[str, Any]) -> tuple[NodeType, ...]:
@@ -202,6 +204,29 @@ def _autoscaler_v2() -> bool:
         return False
 
 
+def _v1_status() -> dict[str, Any]:
+    """Autoscaler v1's last report, as `ray status` reads it (ray_constants.DEBUG_AUTOSCALING_STATUS)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get("__autoscaling_status")
+    return json.loads(raw).get("autoscaler_report") or {} if raw else {}
+
+
+def _live_node_ids() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+
+
+def configured_types(report: dict[str, Any], live_ids: set[str]) -> bool:
+    """Whether a v1 autoscaler's report names node types of a real configuration: a monitor with none runs
+    over a read-only view of the nodes that are up, and names each node's type `node_<id>`."""
+    from ray.autoscaler._private.util import format_readonly_node_type
+
+    named = set((report.get("node_type_mapping") or {}).values())
+    return bool(named - {format_readonly_node_type(node_id) for node_id in live_ids})
+
+
 def scaling_activity() -> str | None:
     """What the autoscaler is doing for the cluster, in words ("starting 1 cpu2"), or None when it starts
     nothing: read from autoscaler v1's status in the GCS, or v2's cluster status."""
@@ -217,10 +242,7 @@ def scaling_activity() -> str | None:
         for node in status.pending_nodes:
             starting[node.ray_node_type_name] += 1
     else:
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        raw = _internal_kv_get("__autoscaling_status")  # ray_constants.DEBUG_AUTOSCALING_STATUS
-        report = json.loads(raw).get("autoscaler_report", {}) if raw else {}
+        report = _v1_status()
         starting.update(report.get("pending_launches") or {})
         for _ip, node_type, *_ in report.get("pending_nodes") or []:
             starting[node_type] += 1

@@ -64,3 +64,16 @@ def test_a_local_instance_is_a_fixed_cluster(ray_session):
     assert not capacity.scales and not capacity.node_types
     assert capacity.nodes == ({"CPU": float(os.cpu_count())},)
     assert runtime.scaling_activity() is None
+
+
+def test_an_autoscaler_running_elsewhere_is_told_by_the_node_types_it_reports():
+    """KubeRay runs autoscaler v1 in a container of its own, where rayb cannot read its configuration; its
+    report names the worker groups, where a monitor over the nodes that are up names each node_<id>."""
+    from rayb.runtime import configured_types
+
+    head, gpu = "a" * 56, "b" * 56
+    readonly = {"node_type_mapping": {"10.0.0.1": f"node_{head}", "10.0.0.2": f"node_{gpu}"}}
+    kuberay = {"node_type_mapping": {"10.0.0.1": "headgroup", "10.0.0.2": "gpu-a100x8"}}
+    assert not configured_types(readonly, {head, gpu})
+    assert configured_types(kuberay, {head, gpu})
+    assert not configured_types({}, {head})  # no report yet: nothing says the cluster scales
