@@ -257,3 +257,46 @@ def test_shape_gives_buildable_configs(d_model):
         logits = model(torch.zeros(1, 8, dtype=torch.long)).logits
     assert logits.shape == (1, 8, 100)
     assert count_params(model).total == gdn.cost(cfg, 32).total_params
+
+
+class FlaContract:
+    """fla's gated delta rule kernels as far as their inputs go (no triton or GPU here): the dtype checks
+    fla's `chunk_gated_delta_rule` asserts, then rayb's chunked path computes the answer."""
+
+    def __init__(self):
+        self.dtypes = []
+
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale, initial_state, output_final_state):
+        assert q.dtype == k.dtype == v.dtype, "fla: q, k and v must share a dtype"
+        assert q.dtype != torch.float32, "fla: the chunked kernels take no fp32"
+        self.dtypes.append(q.dtype)
+        return gdn.chunk_gated_delta_rule(q.float(), k.float(), v.float(), g, beta, initial_state)
+
+    fused_recurrent_gated_delta_rule = chunk_gated_delta_rule
+
+
+@pytest.fixture
+def fla_on_a_gpu(monkeypatch):
+    fla = FlaContract()
+    monkeypatch.setattr(gdn, "on_gpu", lambda x: True)
+    monkeypatch.setattr(gdn, "_fla_ops", lambda: fla)
+    return fla
+
+
+def test_fla_gets_one_16_bit_dtype_under_autocast_and_fp32_evaluation_stays_off_it(fla_on_a_gpu):
+    q, k, v, g, beta, state = random_inputs("random")
+    # Under CUDA autocast l2norm hands fla fp32 q and k beside a bf16 v: cast to the autocast dtype.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, _ = gdn.gated_delta_rule(q, k, v.bfloat16(), g, beta, state, chunk_size=4)
+    assert fla_on_a_gpu.dtypes == [torch.bfloat16]
+    reference, _ = naive_gated_delta_rule(q, k, v, g, beta, state)
+    assert (o.double() - reference).abs().max() < 0.1  # bf16 inputs
+    # A whole model under autocast, as training runs it, reaches fla the same way.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tiny_model()(torch.randint(0, 50, (2, 9)))
+    assert fla_on_a_gpu.dtypes[1:] and set(fla_on_a_gpu.dtypes) == {torch.bfloat16}
+    # In fp32 (evaluation without autocast) fla's kernels refuse the inputs: rayb's chunked path runs.
+    calls = len(fla_on_a_gpu.dtypes)
+    o32, _ = gdn.gated_delta_rule(q, k, v, g, beta, state, chunk_size=4)
+    assert len(fla_on_a_gpu.dtypes) == calls
+    assert (o32.double() - reference).abs().max() < 1e-5

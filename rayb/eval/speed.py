@@ -106,18 +106,31 @@ class PeakMemory:
 def measure(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int, int]:
     """(median seconds, peak tensor bytes, peak process RSS bytes) of `fn` after `warmup` unmeasured
     calls. Times come from unprofiled runs; memory from one more run, profiled on CPU."""
+    times = timed_runs(fn, device, warmup, repeats)
+    with PeakMemory(device) as memory:
+        fn()
+    return statistics.median(times), memory.peak, memory.rss
+
+
+def timed_runs(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn`, after `warmup` unmeasured ones. On a GPU every timing
+    starts and ends with the device idle: calls return before their kernels finish, so without the
+    synchronisation after the warm-ups the first timed call would absorb the warm-ups' queued work."""
     for _ in range(warmup):
         fn()
+    _synchronize(device)
     times = []
     for _ in range(repeats):
         began = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _synchronize(device)
         times.append(time.perf_counter() - began)
-    with PeakMemory(device) as memory:
-        fn()
-    return statistics.median(times), memory.peak, memory.rss
+    return times
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def growth_exponent(lengths: list[int], values: list[float]) -> float:
@@ -151,7 +164,9 @@ def run_speed(ctx: EvalContext, _: str | None, options: SpeedOptions) -> dict[st
     gen_s, gen_peak, gen_rss = measure(generate, device, **runs)
 
     lengths = [n for n in options.lengths if limit is None or n <= limit]
-    scaling = [measure(lambda n=n: model(random_ids(n)), device, **runs) for n in lengths]
+    # The ids are made before timing: drawing them on the CPU and copying them to the device is not the
+    # model's time.
+    scaling = [measure(functools.partial(model, random_ids(n)), device, **runs) for n in lengths]
     times, peaks = [t for t, _, _ in scaling], [max(p, 1) for _, p, _ in scaling]
     return {
         "prefill_tokens": prefill, "prefill_s": prefill_s, "prefill_tokens_per_s": prefill / prefill_s,

@@ -135,15 +135,29 @@ def _fla_ops():  # None without fla; only ever imported for CUDA tensors (it nee
 def gated_delta_rule(q, k, v, g, beta, state, chunk_size):
     if kernels.reference_only():  # within kernels.reference_paths(): the recurrence as written
         return sequential_gated_delta_rule(q, k, v, g, beta, state)
-    # ---- GPU: fla's kernels take the same inputs (q, k already normalised, q scaled, so scale=1).
-    # UNTESTED by rayb's CPU-only suite; keep this branch this thin. ----
-    if q.is_cuda and (ops := _fla_ops()) is not None:
+    # ---- GPU: fla's kernels take the same inputs (q, k already normalised, q scaled, so scale=1). ----
+    if on_gpu(q) and (ops := _fla_ops()) is not None and (dtype := fla_dtype(q.device.type)) is not None:
         kernel = ops.fused_recurrent_gated_delta_rule if q.shape[1] == 1 else ops.chunk_gated_delta_rule
-        q, k, v = (x.contiguous() for x in (q, k, v))
+        q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
         return kernel(q=q, k=k, v=v, g=g, beta=beta, scale=1.0, initial_state=state, output_final_state=True)
     if q.shape[1] == 1:
         return recurrent_gated_delta_rule(q, k, v, g, beta, state)
     return chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size)
+
+
+def on_gpu(x: torch.Tensor) -> bool:
+    return x.is_cuda
+
+
+def fla_dtype(device_type: str) -> torch.dtype | None:
+    """The one dtype fla's kernels get q, k and v in: the autocast dtype the model runs under. fla asserts
+    that q, k and v share a dtype and that it is not fp32, and under CUDA autocast l2norm's rsqrt returns
+    fp32 q and k beside a bf16 v. None outside a 16-bit autocast: an fp32 forward (fp32 evaluation) runs
+    rayb's chunked path, plain PyTorch, on the GPU as well."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    dtype = torch.get_autocast_dtype(device_type)
+    return None if dtype == torch.float32 else dtype
 
 
 # ---- the model ----
