@@ -52,25 +52,56 @@ def test_family_shapes_keep_the_ratio_and_usual_heads(arch):
         assert d_model % 32 == 0 and (head in (32, 64, 128) or arch == "mamba"), config
 
 
-# Where the ladder's matches still miss ±2%, and why.
-NO_INNER_WIDTH = {"mamba", "mamba2"}  # transformers takes their inner width only as an integer expand
-FEW_LAYERS = {("rwkv6", "1M", "non-embedding")}  # 3 layers: one layer is a third of the model, and
-# d_ffn ±30% moves only ±13% of it (the fixed-rank LoRAs and the time mix take the rest)
+# Every match that still misses ±2% (arch, size, by, vocabulary), and why: anything else is within, and each
+# of these misses (a test fails if one comes within, so this list stays true).
+KNOWN_MISSES = {
+    # 3 layers: one layer is a third of the model, and d_ffn ±30% moves only ±13% of it (the fixed-rank
+    # LoRAs and the time mix take the rest).
+    ("rwkv6", "1M", "non-embedding", 50257),
+    # Small totals: the knobs move only the non-embedding part, a half (30M, 32,000 vocabulary) or an eighth
+    # (3.5M) of the total, too little to close the gap between the shapes around the target. At the
+    # defaults → with the knobs turned to their band's end, the shape below and the shape above:
+    ("mamba", "1M", "total", 2048),  # d128 × 5 -15.5% → -7.3%, d160 × 5 +21.7% → +16.2%
+    ("mamba", "3.5M", "total", 32000),  # d96 × 3 -6.4% → -5.4%, d128 × 3 +27.0% → +26.3%
+    ("mamba", "30M", "total", 32000),  # d416 × 13 -6.8% → -3.1%, d448 × 13 +4.3% → +2.3%
+    ("mamba2", "3.5M", "total", 32000),  # d96 × 3 -5.1% → -2.9%, d128 × 3 +28.6% → +27.1%
+    *((arch, "3.5M", "total", 32000) for arch in ("pythia", "llama", "gated_deltanet", "rwkv6")),
+    *((arch, "8M", "total", 32000) for arch in ("pythia", "llama", "rwkv6")),
+}
+
+
+def _misses(arch: str, sizes: list[str], by: str, vocab: int) -> set[tuple]:
+    """The (arch, size, by, vocab) of each size `arch` misses ±2% at; each one's note must say so."""
+    missed = set()
+    for size in sizes:
+        found = match(arch, parse_size(size), by, vocab, 1024)
+        assert bool(found.note) == (abs(found.error) > 0.02), (size, found.note)  # a miss always says so
+        if found.note:
+            missed.add((arch, size, by, vocab))
+    return missed
+
+
+def _known(arch: str, by: str, vocab: int) -> set[tuple]:
+    return {miss for miss in KNOWN_MISSES if miss[0] == arch and miss[2:] == (by, vocab)}
 
 
 @pytest.mark.parametrize("arch", ZOO)
 @pytest.mark.parametrize(("by", "vocab"), [("total", 2048), ("non-embedding", 50257)])
 def test_the_ladder_is_matched_within_two_percent(arch, by, vocab):
-    for size in LADDER:
-        found = match(arch, parse_size(size), by, vocab, 1024)
-        missed = arch in NO_INNER_WIDTH or (arch, size, by) in FEW_LAYERS
-        assert abs(found.error) <= 0.02 or missed, (size, found.config, found.note)
-        assert bool(found.note) == (abs(found.error) > 0.02), (size, found.note)
+    assert _misses(arch, LADDER, by, vocab) == _known(arch, by, vocab)
+
+
+@pytest.mark.parametrize("arch", ZOO)
+def test_every_family_meets_the_plans_sizes(arch):
+    """Issue 32: every built-in family within ±2% at 3.5M, 8M and 30M non-embedding parameters."""
+    for size in ("3.5M", "8M", "30M"):
+        found = match(arch, parse_size(size), "non-embedding", 50257, 1024)
+        assert abs(found.error) <= 0.02 and not found.note, (size, found.config, found.error)
 
 
 @pytest.mark.parametrize("arch", ZOO)
 @pytest.mark.parametrize("by", ["total", "non-embedding"])
-def test_match_is_a_neighbouring_family_member_with_only_its_inner_width_moved(arch, by):
+def test_match_is_a_neighbouring_family_member_with_only_its_knobs_moved(arch, by):
     spec = get_arch(arch)
     for size in SIZES:
         target = parse_size(size)
@@ -85,15 +116,17 @@ def test_match_is_a_neighbouring_family_member_with_only_its_inner_width_moved(a
         ]  # fmt: skip
         assert counts[0] <= target <= counts[-1], (arch, size)  # one of the two around the target
         moved = {k: v for k, v in found.config.items() if spec.shape(d_model, n_layer).get(k) != v}
-        if moved:
-            (key, width), default = *moved.items(), spec.inner.default(d_model)
-            assert key == spec.inner.key and width % 32 == 0 and abs(width / default - 1) <= 0.3
-        assert bool(found.note) == (abs(found.error) > 0.02), (arch, size, found.note)
+        knobs = {knob.key: knob for knob in spec.knobs}
+        for key, value in moved.items():
+            knob = knobs[key]
+            low, high = (knob.default(d_model) * end for end in knob.band)
+            assert value % knob.step == 0 and low <= value <= high, (key, value)
+    assert _misses(arch, SIZES, by, 32000) == _known(arch, by, 32000)
     # From 360M up one step of the family is small enough for ±2% everywhere.
     assert abs(match(arch, 760_000_000, by, 32000, 1024).error) <= 0.02
 
 
-def test_the_inner_width_turns_only_when_the_default_misses():
+def test_the_knobs_turn_only_when_the_defaults_miss():
     assert "d_ff" not in match("gpt2", 124_000_000, "total").config  # GPT-2 small's shape, -0.4%
     tuned = match("gpt2", 3_500_000, "non-embedding")
     assert tuned.config == {"d_model": 256, "n_layer": 4, "n_head": 4, "d_ff": 1184} and not tuned.note
@@ -102,11 +135,35 @@ def test_the_inner_width_turns_only_when_the_default_misses():
     assert pinned.config["d_ff"] == 1024 and "within ±2%" in pinned.note
 
 
+def test_mamba_turns_its_state_size_then_its_delta_rank():
+    """transformers takes Mamba's inner width only as an integer expand: d_state turns first (Mamba-2's
+    alone), and Mamba's Δ rank only where d_state's band cannot reach ±2%."""
+    assert match("mamba", 3_500_000, "non-embedding").config == {"d_model": 256, "n_layer": 8}  # +0.13%
+    assert match("mamba2", 3_500_000, "non-embedding").config == {
+        "d_model": 256, "n_layer": 8, "head_dim": 64, "d_state": 80  # +6.4% at d_state 128
+    }  # fmt: skip
+    d_state_alone = match("mamba", 125_000_000, "non-embedding")  # +2.9% at d_state 16, +1.9% at 8
+    assert d_state_alone.config == {"d_model": 864, "n_layer": 27, "d_state": 8}
+    # d_state 32 leaves -2.9%; the Δ rank (20 by default) takes the rest.
+    eight = match("mamba", 8_000_000, "non-embedding")
+    assert eight.config == {"d_model": 320, "n_layer": 11, "d_state": 32, "time_step_rank": 36}
+    assert abs(eight.error) <= 0.02
+    # A pinned d_state stays, and the Δ rank alone turns.
+    pinned = match("mamba", 8_000_000, "non-embedding", fixed={"d_state": 16})
+    assert pinned.config["d_state"] == 16 and "time_step_rank" in pinned.config
+    assert "even with time_step_rank from 0.5× to 2× its default;" in pinned.note
+
+
 def test_a_miss_names_both_neighbours():
-    found = match("mamba2", 3_500_000, "non-embedding")
-    assert found.config == {"d_model": 256, "n_layer": 8, "head_dim": 64} and found.error > 0.02
-    assert "no shape of mamba2's family is within ±2%" in found.note and "no inner width" in found.note
-    assert "d_model 256 × 7 layers (-6.9%) and d_model 256 × 8 layers (+6.4%)" in found.note
+    found = match("mamba", 1_000_000, "total", vocab_size=2048)
+    assert found.config == {"d_model": 128, "n_layer": 5, "d_state": 32, "time_step_rank": 16}
+    assert "no shape of mamba's family is within ±2%" in found.note
+    both = "d_state from 0.5× to 2× its default and time_step_rank from 0.5× to 2× its default"
+    assert f"even with {both};" in found.note
+    assert (
+        "d_model 128 × 5 layers, d_state 32, time_step_rank 16 (-7.3%) and "
+        "d_model 160 × 5 layers, d_state 8, time_step_rank 5 (+16.2%)" in found.note
+    )
     short = match("rwkv6", 1_000_000, "non-embedding")
     assert "even with d_ffn within ±30% of its default" in short.note
     assert (
@@ -116,10 +173,13 @@ def test_a_miss_names_both_neighbours():
 
 
 @pytest.mark.parametrize("arch", ZOO)
-def test_match_agrees_with_the_built_model(arch):
-    found = match(arch, 8_000_000, "total", vocab_size=2048, seq_len=256)
-    counted = count_params(build_on_meta(arch, found.config, 2048, 256))
-    assert counted.total == found.cost.total_params == found.params
+@pytest.mark.parametrize(("by", "vocab"), [("total", 2048), ("non-embedding", 50257)])
+def test_match_agrees_with_the_built_model(arch, by, vocab):
+    """The second turns Mamba's and Mamba-2's knobs: the closed form must count them as the model does."""
+    found = match(arch, 8_000_000, by, vocab_size=vocab, seq_len=256)
+    counted = count_params(build_on_meta(arch, found.config, vocab, 256))
+    assert counted.total == found.cost.total_params
+    assert counted.non_embedding == found.cost.non_embedding_params
 
 
 @pytest.mark.parametrize("name", [n for n, p in PRESETS.items() if p.named_size])
@@ -186,15 +246,16 @@ def test_match_cli_json_and_failure():
 
 
 def test_match_cli_depth_like_holds_the_references_depth():
-    args = ["match", "--target", "8M,30M", "--by", "non-embedding", "--archs", "gpt2,mamba,rwkv6"]
+    args = ["match", "--target", "1M,8M,30M", "--by", "non-embedding", "--archs", "gpt2,mamba,rwkv6"]
     rows = json.loads(CliRunner().invoke(app, [*args, "--depth-like", "gpt2", "--json"]).output)
-    for target in (8_000_000, 30_000_000):
+    for target in (1_000_000, 8_000_000, 30_000_000):
         depths = {r["arch"]: r["config"]["n_layer"] for r in rows if r["target"] == target}
         assert depths == dict.fromkeys(
             ("gpt2", "mamba", "rwkv6"), match("gpt2", target, "non-embedding").config["n_layer"]
         )
     table = CliRunner().invoke(app, [*args, "--depth-like", "gpt2"])
-    assert "n_layer held at gpt2's" in table.output and "no shape of" in table.output
+    # RWKV-6 at gpt2's 3 layers for 1M misses (+5.3%), and says so.
+    assert "n_layer held at gpt2's" in table.output and "no shape of rwkv6's family" in table.output
     unknown = CliRunner().invoke(app, [*args, "--depth-like", "gpt5", "--json"])
     assert unknown.exit_code == 1 and "--depth-like gpt5" in json.loads(unknown.output)[0]["error"]
 
@@ -264,4 +325,4 @@ def test_validate_prints_misses_and_unlike_comparisons():
     titans = _validate("titans.yaml")
     assert "mamba2-360m vs" not in titans and "gdn-360m vs transformerpp-360m" in titans
     # zoo sizes Mamba at 1M total parameters with a 2,048 vocabulary, where its family has no shape near.
-    assert "mamba: 845,312 total parameters, -15.5% from the 1M it was sized to" in _validate("zoo.yaml")
+    assert "mamba: 927,232 total parameters, -7.3% from the 1M it was sized to" in _validate("zoo.yaml")

@@ -8,6 +8,7 @@ closed-form `Cost` (see accounting.py for the conventions); tests hold it agains
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,9 +16,20 @@ import torch
 from rayb.models import kernels, nanogpt
 from rayb.models.accounting import Cost
 from rayb.models.common import attention_heads, swiglu_width
-from rayb.models.registry import Architecture, InnerWidth, register
+from rayb.models.registry import Architecture, InnerWidth, Knob, register
 
-FOUR_D = InnerWidth("d_ff", lambda d_model: 4 * d_model)  # GPT-2's and Pythia's MLP
+FOUR_D = (InnerWidth("d_ff", lambda d_model: 4 * d_model),)  # GPT-2's and Pythia's MLP
+MAMBA_D_STATE, MAMBA2_D_STATE = 16, 128
+# transformers sets Mamba's and Mamba-2's inner width only as an integer `expand` × d_model (a saved checkpoint
+# is rebuilt from it), so size matching turns the state size instead, from half to twice its default, in steps
+# of 4 (Mamba) and 16 (Mamba-2). Half to twice Mamba's d_state moves a layer by only -8 to +16 × 6·d_model
+# parameters, so its Δ projection's rank (transformers' time_step_rank, ⌈d_model/16⌉ by default, 4·d_model
+# parameters a unit) turns next, from half to twice its default too.
+MAMBA_KNOBS = (
+    Knob("d_state", lambda d_model: MAMBA_D_STATE, 4, (0.5, 2.0)),
+    Knob("time_step_rank", lambda d_model: math.ceil(d_model / 16), 1, (0.5, 2.0)),
+)
+MAMBA2_KNOBS = (Knob("d_state", lambda d_model: MAMBA2_D_STATE, 16, (0.5, 2.0)),)
 
 
 def _hf_model(cfg):
@@ -136,7 +148,7 @@ def mamba_config(config: dict[str, Any], vocab_size: int, seq_len: int):
         vocab_size=vocab_size,
         hidden_size=config.pop("d_model", 768),
         num_hidden_layers=config.pop("n_layer", 24),
-        state_size=config.pop("d_state", 16),
+        state_size=config.pop("d_state", MAMBA_D_STATE),
         expand=config.pop("expand", 2),
         conv_kernel=config.pop("d_conv", 4),
         use_mambapy=config.pop("use_mambapy", not torch.cuda.is_available()),
@@ -183,7 +195,7 @@ def mamba2_config(config: dict[str, Any], vocab_size: int, seq_len: int):
         vocab_size=vocab_size,
         hidden_size=d_model,
         num_hidden_layers=config.pop("n_layer", 24),
-        state_size=config.pop("d_state", 128),
+        state_size=config.pop("d_state", MAMBA2_D_STATE),
         expand=expand,
         head_dim=head_dim,
         num_heads=expand * d_model // head_dim,
@@ -227,21 +239,21 @@ def _mamba2_shape(d_model: int, n_layer: int) -> dict[str, Any]:
 
 
 for _arch in (
-    Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape, inner=FOUR_D,
+    Architecture("gpt2", gpt2_config, _hf_model, gpt2_cost, _attention_shape, knobs=FOUR_D,
                  description="GPT-2 (transformers GPT2LMHeadModel)", kernel_paths=kernels.attention),
-    Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape, inner=FOUR_D,
+    Architecture("pythia", pythia_config, _hf_model, pythia_cost, _attention_shape, knobs=FOUR_D,
                  description="Pythia (transformers GPTNeoXForCausalLM): parallel residual, partial rotary",
                  kernel_paths=kernels.attention),
     Architecture("llama", llama_config, _hf_model, llama_cost, _attention_shape,
-                 inner=InnerWidth("d_ff", swiglu_width),
+                 knobs=(InnerWidth("d_ff", swiglu_width),),
                  description="Transformer++ (transformers LlamaForCausalLM): RoPE, RMSNorm, SwiGLU",
                  kernel_paths=kernels.attention),
     Architecture("mamba", mamba_config, mamba_model, mamba_cost,
-                 lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0, layers_per_block=2,
+                 lambda d, n: {"d_model": d, "n_layer": n}, aspect=32.0, layers_per_block=2, knobs=MAMBA_KNOBS,
                  description="Mamba-1 (transformers MambaForCausalLM; rayb's fused selective scan on CPU)",
                  kernel_paths=kernels.mamba, reference="transformers' per-token scan"),
     Architecture("mamba2", mamba2_config, mamba_model, mamba2_cost, _mamba2_shape, aspect=32.0,
-                 layers_per_block=2,
+                 layers_per_block=2, knobs=MAMBA2_KNOBS,
                  description="Mamba-2 (transformers Mamba2ForCausalLM; rayb's grouped chunked SSD on CPU)",
                  device_defaults=mamba2_device_defaults, kernel_paths=kernels.mamba2,
                  reference="transformers' PyTorch SSD"),

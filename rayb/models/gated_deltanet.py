@@ -310,7 +310,7 @@ register(
         cost=cost,
         shape=shape,
         aspect=64.0,
-        inner=InnerWidth("d_ff", swiglu_width),
+        knobs=(InnerWidth("d_ff", swiglu_width),),
         description="Gated DeltaNet (fla parameterization); pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule"),
         reference="the sequential delta rule",

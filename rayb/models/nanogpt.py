@@ -147,7 +147,7 @@ register(
         model=GPT,
         cost=cost,
         shape=shape,
-        inner=InnerWidth("d_ff", lambda d_model: 4 * d_model),
+        knobs=(InnerWidth("d_ff", lambda d_model: 4 * d_model),),
         description="GPT-2 in nanoGPT's form: optional biases (bias) and untied head (tie_embeddings)",
         kernel_paths=kernels.attention,
     )

@@ -4,8 +4,8 @@ A preset is an architecture, a config, and the vocabulary and context it was def
 params NAME` counts it, and a study can use one as `preset: NAME`. Counts for the official
 checkpoints are their published totals (tests build each preset on the meta device and pin them).
 The plans' scales are the member of each architecture's shape family (rayb/models/sizing.py) nearest
-the named size, its inner width tuned to land within ±2%, as `rayb match` solves it, frozen here so a
-named size means the same model in every study (a test holds them to the solver).
+the named size, its inner width (or state size) tuned to land within ±2%, as `rayb match` solves it,
+frozen here so a named size means the same model in every study (a test holds them to the solver).
 """
 
 from __future__ import annotations

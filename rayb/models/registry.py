@@ -5,8 +5,8 @@ model without building it: `configure(config, vocab_size, seq_len)` turns the st
 the architecture's full config object (all defaults resolved, unknown keys rejected), and `model(cfg)`
 builds the causal LM from it. `cost(cfg, seq_len)` gives the analytic parameter and FLOP accounting,
 and `shape(d_model, n_layer)` the architecture's shape rules (heads, FFN width) that size matching
-searches over, with `inner`, the feed-forward (or inner) width it fine-tunes a count with. A model's
-forward(input_ids) returns an object with `.logits`.
+searches over, with `knobs`, the keys it fine-tunes a count with (the feed-forward width, Mamba's state
+size). A model's forward(input_ids) returns an object with `.logits`.
 
 A user's own model plugs in without editing rayb: `arch: my_pkg.model:build` in the study file names
 a function build(config, vocab_size, seq_len) -> nn.Module; it is counted from the built model.
@@ -29,11 +29,22 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class InnerWidth:
-    """The config key of an architecture's feed-forward (or inner) width, and its default at a d_model."""
+class Knob:
+    """A config key size matching may move off its default to land a count (sizing.py): its default at a
+    d_model, the step its values move in, and how far it may go, as multiples of the default (low, high)."""
 
     key: str
     default: Callable[[int], int]
+    step: int
+    band: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class InnerWidth(Knob):
+    """The feed-forward (or inner) width: in multiples of 32, the usual head size, within ±30% of its default."""
+
+    step: int = 32
+    band: tuple[float, float] = (0.7, 1.3)
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,9 @@ class Architecture:
     cost: Callable[[Any, int], Cost] | None = None  # (cfg object, seq_len) -> analytic accounting
     shape: Callable[[int, int], dict[str, Any]] | None = None  # (d_model, n_layer) -> config dict
     aspect: float = 64.0  # the d_model / n_layer ratio size matching prefers (GPT-2 small: 768/12)
-    # Size matching's fine knob (sizing.py); None where the config cannot set the width in steps of 32.
-    inner: InnerWidth | None = None
+    # Size matching's fine knobs (sizing.py), turned in this order: the inner width where the config sets it
+    # in steps of 32, else what else sizes a layer finely (Mamba's state size).
+    knobs: tuple[Knob, ...] = ()
     # Layers that make up one transformer block's worth of model: 2 for a mixer-only layer (Mamba's), whose
     # one mixer stands in for both attention and MLP. Depth is compared in blocks.
     layers_per_block: int = 1

@@ -328,7 +328,7 @@ register(
         cost=cost,
         shape=shape,
         aspect=64.0,
-        inner=InnerWidth("d_ffn", default_ffn),
+        knobs=(InnerWidth("d_ffn", default_ffn),),
         description="RWKV-6 Finch; pure-PyTorch chunked on CPU, fla kernels on GPU",
         kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV"),
         reference="the sequential WKV recurrence",

@@ -1,5 +1,5 @@
 """Size matching: each architecture's shape family, and the member of it nearest a parameter target, with
-its inner width tuned to land on the target.
+its inner width (or state size) tuned to land on the target.
 
 The family. Every registered architecture has shape rules, `shape(d_model, n_layer) -> config` (heads,
 FFN width, state size follow from the two), a closed-form cost, and a preferred d_model/n_layer ratio,
@@ -12,19 +12,22 @@ an architecture is the same model family, which is what a scaling-law fit over t
 
 The match, in two steps. Consecutive members differ by about 1/n_layer in parameters (25% at 4 layers,
 4% at 25), too coarse for ±2% below a few hundred million parameters, so:
-1. The member: of the two members around the target, the nearest at its default inner width; the other
+1. The member: of the two members around the target, the nearest at its defaults; the other
    one only when the nearest cannot reach ±2% in step 2 and the other can. Both rules move to larger
    members as the target grows, so d_model and n_layer still never shrink.
-2. The fine knob: if that member misses ±2%, its feed-forward (or inner) width, `Architecture.inner`
-   (d_ff for GPT-2, Pythia, Llama and Gated DeltaNet, d_ffn for RWKV-6), is set to the multiple of 32
-   within INNER_BAND (±30%) of its default whose count lands nearest the target. d_model, n_layer and
-   the heads stay the family's. Within ±2% at the default, the default stays.
-Where even the band cannot reach ±2% (one or two layers, where a layer is a third of the model), or the
-architecture has no inner width to tune (transformers' Mamba and Mamba-2 take it only as an integer
-`expand` × d_model, and a saved checkpoint is rebuilt from that), the match says so (`Match.note`, with
-both neighbours) instead of leaving the family. Keys the caller pins (`fixed`, e.g. {"d_state": 16},
-{"n_layer": 6} or {"d_ff": 1024}) stay; pinning n_layer or d_model walks the other one alone, and pinning
-the inner width turns the knob off.
+2. The fine knobs: if that member misses ±2%, its `Architecture.knobs` turn, one at a time in order until
+   the count is within ±2%, each to the value in its band, in its steps, whose count lands nearest the
+   target. The feed-forward width (d_ff for GPT-2, Pythia, Llama and Gated DeltaNet, d_ffn for RWKV-6)
+   moves in multiples of 32 within ±30% of its default. transformers' Mamba and Mamba-2 take their inner
+   width only as an integer `expand` × d_model (and a saved checkpoint is rebuilt from that), so they turn
+   the state size, d_state, from half to twice its default, and Mamba, whose d_state moves a layer little,
+   then its Δ rank, time_step_rank, from half to twice its default. d_model, n_layer and the heads stay the
+   family's. Within ±2% at the defaults, the defaults stay.
+Where even the bands cannot reach ±2% (one or two layers, where a layer is a third of the model; Mamba and
+Mamba-2 where the embedding is most of a small total), the match says so (`Match.note`, with both
+neighbours) instead of leaving the family. Keys the caller pins (`fixed`, e.g. {"d_state": 16},
+{"n_layer": 6} or {"d_ff": 1024}) stay; pinning n_layer or d_model walks the other one alone, and a pinned
+knob does not turn.
 """
 
 from __future__ import annotations
@@ -37,14 +40,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn
 
 from rayb.models.accounting import Cost
-from rayb.models.registry import Architecture, configure, get_arch
+from rayb.models.registry import Architecture, Knob, configure, get_arch
 
 By = Literal["total", "non-embedding"]
 WIDTH_STEP = 32  # the smallest usual head size: widths stay multiples of it
 MAX_WIDTH = 16384
 MAX_LAYERS = 256
 TOLERANCE = 0.02
-INNER_BAND = 0.30  # how far size matching moves an inner width from its default, either way
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -87,9 +89,9 @@ class Match:
 
     @property
     def shape(self) -> str:
-        inner = get_arch(self.arch).inner
-        width = f", {inner.key} {self.config[inner.key]}" if inner and inner.key in self.config else ""
-        return f"d_model {self.config['d_model']} × {self.config['n_layer']} layers{width}"
+        knobs = [k.key for k in get_arch(self.arch).knobs if k.key in self.config]
+        turned = "".join(f", {key} {self.config[key]}" for key in knobs)
+        return f"d_model {self.config['d_model']} × {self.config['n_layer']} layers{turned}"
 
 
 def family(spec: Architecture, fixed: dict[str, Any]) -> Iterator[tuple[int, int]]:
@@ -116,8 +118,8 @@ def match(
     fixed: dict[str, Any] | None = None,
     tolerance: float = TOLERANCE,
 ) -> Match:
-    """The member of `arch`'s family nearest `target` parameters, its inner width tuned to meet the
-    tolerance; its `note` says when even that misses. SizeError when the target lies outside the family."""
+    """The member of `arch`'s family nearest `target` parameters, its knobs turned to meet the tolerance;
+    its `note` says when even that misses. SizeError when the target lies outside the family."""
     spec = get_arch(arch)
     if spec.shape is None or spec.cost is None:
         raise SizeError(
@@ -126,7 +128,7 @@ def match(
         )
     fixed = dict(fixed or {})
     below, above = _bracket(spec, target, by, vocab_size, seq_len, fixed)
-    members = sorted((m for m in (below, above) if m), key=_distance)  # nearest at the default width first
+    members = sorted((m for m in (below, above) if m), key=_distance)  # nearest at the defaults first
     tuned = [_tune(spec, m, vocab_size, seq_len, fixed, tolerance) for m in members]
     hit = next((m for m in tuned if abs(m.error) <= tolerance), None)
     if hit is not None:
@@ -154,36 +156,50 @@ def _distance(m: Match) -> float:
 
 
 def _tune(spec: Architecture, member: Match, vocab_size, seq_len, fixed, tolerance) -> Match:
-    """`member` as it is when within the tolerance (or without a knob to turn); otherwise with the inner
-    width, a multiple of WIDTH_STEP within INNER_BAND of its default, that lands nearest the target."""
-    if abs(member.error) <= tolerance or spec.inner is None or spec.inner.key in fixed:
-        return member
-    d, n_layer, key = member.config["d_model"], member.config["n_layer"], spec.inner.key
-    default = spec.inner.default(d)
-    low = math.ceil(default * (1 - INNER_BAND) / WIDTH_STEP) * WIDTH_STEP
-    high = math.floor(default * (1 + INNER_BAND) / WIDTH_STEP) * WIDTH_STEP
+    """`member` as it is when within the tolerance; otherwise with its unpinned knobs turned in order, each
+    held where it landed nearest the target, until one brings the count within the tolerance."""
+    for knob in spec.knobs:
+        if abs(member.error) <= tolerance:
+            break
+        if knob.key not in fixed:
+            member = _turn(spec, member, knob, vocab_size, seq_len)
+    return member
 
-    def at(width: int) -> Match | None:
-        return _evaluate(
-            spec, d, n_layer, member.target, member.by, vocab_size, seq_len, fixed | {key: width}
-        )
+
+def _turn(spec: Architecture, member: Match, knob: Knob, vocab_size, seq_len) -> Match:
+    """`member` with `knob` at the value, a multiple of its step within its band, whose count lands nearest
+    the target; `member` itself where no value lands nearer."""
+    d, n_layer = member.config["d_model"], member.config["n_layer"]
+    default, step = knob.default(d), knob.step
+    low = math.ceil(default * knob.band[0] / step) * step
+    high = math.floor(default * knob.band[1] / step) * step
+
+    def at(value: int) -> Match | None:
+        config = member.config | {knob.key: value}  # the knobs turned before this one stay where they landed
+        return _evaluate(spec, d, n_layer, member.target, member.by, vocab_size, seq_len, config)
 
     ends = at(low), at(high)
     if None in ends or ends[0].params == ends[1].params:
         return member
-    # Counts are affine in the inner width: the two ends give the width nearest the target.
+    # Counts are affine in each knob: the two ends give the value nearest the target.
     slope = (ends[1].params - ends[0].params) / (high - low)
-    best = low + round((member.target - ends[0].params) / slope / WIDTH_STEP) * WIDTH_STEP
-    around = {min(max(w, low), high) for w in (best - WIDTH_STEP, best, best + WIDTH_STEP)} - {default}
+    best = low + round((member.target - ends[0].params) / slope / step) * step
+    around = {min(max(v, low), high) for v in (best - step, best, best + step)} - {default}
     return min([member, *(m for m in map(at, around) if m)], key=_distance)
 
 
 def _band_words(spec: Architecture, fixed: dict[str, Any]) -> str:
-    if spec.inner is None:
-        return f" ({spec.name} has no inner width to fine-tune a count with)"
-    if spec.inner.key in fixed:
-        return ""
-    return f", even with {spec.inner.key} within ±{INNER_BAND:.0%} of its default"
+    if not spec.knobs:
+        return f" ({spec.name} has no inner width or state size to fine-tune a count with)"
+    free = [knob for knob in spec.knobs if knob.key not in fixed]
+    return ", even with " + " and ".join(map(_band, free)) if free else ""
+
+
+def _band(knob: Knob) -> str:
+    low, high = knob.band
+    if math.isclose(1 - low, high - 1):
+        return f"{knob.key} within ±{high - 1:.0%} of its default"
+    return f"{knob.key} from {low:g}× to {high:g}× its default"
 
 
 def _bracket(spec, target, by, vocab_size, seq_len, fixed) -> tuple[Match | None, Match | None]:
@@ -202,7 +218,7 @@ def _bracket(spec, target, by, vocab_size, seq_len, fixed) -> tuple[Match | None
 
 
 def _too_small(spec, smallest: Match, fixed, vocab_size) -> NoReturn:
-    """The target lies below the smallest member, even with its inner width narrowed: say what takes the room."""
+    """The target lies below the smallest member, even with its knobs turned down: say what takes the room."""
     cost, target, by = smallest.cost, smallest.target, smallest.by
     why = (
         f"{cost.embedding_params:,} of them are the embedding (vocabulary {vocab_size:,} × d_model "
