@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rayb.eval.actors import EvalPool, evaluation_jobs, read_result
+from rayb.eval.actors import EvalPool, evaluate, evaluation_jobs, read_result
+from rayb.eval.corpora import load_corpus
 from rayb.models import build_model
 from rayb.models.checkpoint import save_weights
 from rayb.models.registry import get_arch
@@ -163,3 +164,22 @@ def test_a_job_whose_actors_keep_dying_is_recorded_as_its_error(ray_session, tin
     result = read_result(Path(trial.trial_dir), "overfit", LONG_OVERFIT["overfit"])
     assert result["status"] == "error" and result["error"] == errors[("doomed", "overfit")]
     assert [line for line in lines if "running it again" in line][-1].count("attempt 2 of 3") == 1
+
+
+def test_a_corpus_file_is_scored_on_a_node_that_does_not_have_it(ray_session, tiny_cache, tmp_path):
+    """`lm:FILE` names a file on the driver's disk, relative to the study file; the eval actor may run on a
+    node without it. The driver reads the file as it hands the job out, so the job scores its text even
+    though the file is gone (as on that node) when the actor runs: the same scores as the same text made
+    on the actor's own node."""
+    generated = "embedded://web?docs=6&seed=3"
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    (study_dir / "eval.txt").write_text(load_corpus(generated), encoding="utf-8")
+    trial = _saved_trial("corpus", tiny_cache, tmp_path)
+    jobs = evaluation_jobs([trial], ["lm:eval.txt", f"lm:{generated}"], {}, base_dir=study_dir)
+    (study_dir / "eval.txt").unlink()
+    assert evaluate(jobs, num_actors=1, log=lambda _: None) == {}
+    from_file, made = (
+        read_result(trial.trial_dir, suite, {}) for suite in ("lm:eval.txt", f"lm:{generated}")
+    )
+    assert from_file["status"] == "ok" and from_file["metrics"] == made["metrics"]

@@ -15,12 +15,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rayb import storage
-from rayb.eval.registry import check_suite_argument, make_options, parse_suite, result_name
+from rayb.eval.registry import job_argument, make_options, parse_suite, result_name
 from rayb.files import digest, read_json, write_json_atomic
 from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
@@ -33,7 +33,7 @@ class EvalJob:
     trial: TrialSpec
     suite: str  # "lm", "lm:wikitext2", "lm_eval:hellaswag", ... as the study names it (and its results)
     options: dict[str, Any]  # the study's eval_options for this suite's family
-    argument: str | None = None  # the suite's argument, a relative path made absolute
+    argument: Any = None  # the suite's argument as the driver read it (registry.job_argument)
 
     @property
     def out(self) -> str:
@@ -144,13 +144,12 @@ def _load(trial: TrialSpec, cache):
 def evaluation_jobs(
     trials: list[TrialSpec], suites: list[str], options: dict[str, dict], base_dir: Path | None = None
 ) -> list[EvalJob]:
-    """Every (trial × suite) without a finished result; relative paths in arguments read from `base_dir`."""
-    jobs = [
-        EvalJob(t, s, options.get(parse_suite(s)[0].name, {}), check_suite_argument(s, base_dir))
-        for t in trials
-        for s in suites
-    ]
-    return [job for job in jobs if not is_done(job)]
+    """Every (trial × suite) without a finished result. Each suite's argument is read here, once, on the
+    driver (relative paths from `base_dir`): a file it names reaches the actors with the jobs."""
+    jobs = [EvalJob(t, s, options.get(parse_suite(s)[0].name, {})) for t in trials for s in suites]
+    jobs = [job for job in jobs if not is_done(job)]
+    arguments = {suite: job_argument(suite, base_dir) for suite in {job.suite for job in jobs}}
+    return [replace(job, argument=arguments[job.suite]) for job in jobs]
 
 
 SHARED_GPU = 0.25  # a GPU fraction per eval actor: most suites are light enough to share a device
