@@ -237,3 +237,27 @@ def test_suite_and_option_errors_name_the_problem():
         check_suite_argument("lm:/no/such/file.txt")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['repeat'\]"):
         make_options(parse_suite("speed")[0], {"repeat": 3})
+
+
+def test_an_error_that_breaks_cuda_for_good_retires_its_eval_actor():
+    """A faulted kernel leaves the process's CUDA context unusable: such an error (as PyTorch and Triton word
+    it) retires the eval actor, so its job runs again on a fresh one; any other error, CUDA's running out of
+    memory included, is the benchmark's own and the actor goes on to the next job."""
+    from rayb.eval.actors import sticky_cuda_error
+
+    for error in (
+        "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...",
+        "RuntimeError: CUDA error: device-side assert triggered",
+        "RuntimeError: CUDA error: unspecified launch failure",
+        "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+        "RuntimeError: CUDA error: misaligned address",
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    ):
+        assert sticky_cuda_error(error), error
+    for error in (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "ValueError: the overfit protocol needs training rows, and the cache has none",
+        "RuntimeError: CUDA error: invalid device ordinal",
+        "",
+    ):
+        assert not sticky_cuda_error(error), error

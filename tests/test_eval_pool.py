@@ -3,12 +3,15 @@ no actor waits idle on resources that training may need; only CPUs no trial can 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from rayb.eval.actors import EvalPool, evaluation_jobs, read_result
+from rayb.eval.actors import EvalPool, evaluate, evaluation_jobs, read_result
+from rayb.eval.corpora import load_corpus
 from rayb.models import build_model
 from rayb.models.checkpoint import save_weights
 from rayb.models.registry import get_arch
@@ -60,9 +63,16 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
 def _alive_eval_actors() -> list[str]:
     from ray.util.state import list_actors
 
-    return [
-        a.actor_id for a in list_actors(filters=[("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")])
-    ]
+    live = [("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")]
+    return [a.actor_id for a in list_actors(address=_state_address(), filters=live)]
+
+
+def _state_address() -> str:
+    """This session's Ray, named: with no address, the State API refuses to choose when other Ray
+    instances run on the machine ("Found multiple active Ray instances"), though this process is connected."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
@@ -95,3 +105,81 @@ def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
         assert time.time() < deadline, "an eval actor outlived its pool"
         time.sleep(0.5)
     assert read_result(Path(second.trial_dir), "lm", {})["status"] == "ok"
+
+
+def _kill_running_evaluations(killed: list[int]) -> None:
+    """SIGKILL the process of every eval actor that is running a job, as an OOM kill or a lost node ends
+    it; `killed` collects their pids. The State API goes on reporting a killed actor's job as running: only
+    a live actor's count."""
+    from ray.util.state import list_tasks
+
+    alive = set(_alive_eval_actors())
+    running = [("name", "=", "_EvalActor.run"), ("state", "=", "RUNNING")]
+    for task in list_tasks(address=_state_address(), filters=running):
+        if task.actor_id in alive and task.worker_pid not in killed:
+            os.kill(task.worker_pid, signal.SIGKILL)
+            killed.append(task.worker_pid)
+
+
+def _serve_killing(job, kills: int, deadline: float) -> tuple[dict, list[int], list[str]]:
+    """Serve one job, killing the actor that runs it mid-job, `kills` times; the feed stays open until
+    then. Returns the pool's errors, the pids killed and the pool's log."""
+    killed, handed, lines = [], [], []
+
+    def feed():
+        assert time.time() < deadline, f"killed {len(killed)} of {kills} eval actors mid-job in time"
+        if len(killed) < kills:
+            _kill_running_evaluations(killed)
+        jobs = [] if handed else [job]
+        handed.extend(jobs)
+        return jobs, len(killed) < kills
+
+    errors = EvalPool(num_actors=1, use_gpu=False, log=lines.append).serve(feed)
+    return errors, killed, lines
+
+
+LONG_OVERFIT = {"overfit": {"steps": 600}}  # a job that runs for seconds: long enough to be killed in
+
+
+def test_a_job_whose_actor_dies_runs_again_on_a_fresh_actor(ray_session, tiny_cache, tmp_path):
+    """The actor running a job is killed mid-job (SIGKILL, as the OOM killer or a lost node would): the job
+    runs again on a fresh actor and its result is written, rather than the pool, and with it the study,
+    failing after training."""
+    trial = _saved_trial("killed", tiny_cache, tmp_path)
+    (job,) = evaluation_jobs([trial], ["overfit"], LONG_OVERFIT)
+    errors, killed, lines = _serve_killing(job, kills=1, deadline=time.time() + 240)
+    assert errors == {} and len(killed) == 1
+    assert any("attempt 1 of 3 failed" in line and "running it again" in line for line in lines), lines
+    assert read_result(Path(trial.trial_dir), "overfit", LONG_OVERFIT["overfit"])["status"] == "ok"
+
+
+def test_a_job_whose_actors_keep_dying_is_recorded_as_its_error(ray_session, tiny_cache, tmp_path):
+    """Every actor that runs the job is killed: after three attempts the job is that evaluation's error, in
+    its result file and in what the pool returns, and the pool ends normally."""
+    trial = _saved_trial("doomed", tiny_cache, tmp_path)
+    (job,) = evaluation_jobs([trial], ["overfit"], LONG_OVERFIT)
+    errors, killed, lines = _serve_killing(job, kills=3, deadline=time.time() + 360)
+    assert len(killed) == 3 and list(errors) == [("doomed", "overfit")]
+    assert "the eval actor was lost" in errors[("doomed", "overfit")]
+    result = read_result(Path(trial.trial_dir), "overfit", LONG_OVERFIT["overfit"])
+    assert result["status"] == "error" and result["error"] == errors[("doomed", "overfit")]
+    assert [line for line in lines if "running it again" in line][-1].count("attempt 2 of 3") == 1
+
+
+def test_a_corpus_file_is_scored_on_a_node_that_does_not_have_it(ray_session, tiny_cache, tmp_path):
+    """`lm:FILE` names a file on the driver's disk, relative to the study file; the eval actor may run on a
+    node without it. The driver reads the file as it hands the job out, so the job scores its text even
+    though the file is gone (as on that node) when the actor runs: the same scores as the same text made
+    on the actor's own node."""
+    generated = "embedded://web?docs=6&seed=3"
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    (study_dir / "eval.txt").write_text(load_corpus(generated), encoding="utf-8")
+    trial = _saved_trial("corpus", tiny_cache, tmp_path)
+    jobs = evaluation_jobs([trial], ["lm:eval.txt", f"lm:{generated}"], {}, base_dir=study_dir)
+    (study_dir / "eval.txt").unlink()
+    assert evaluate(jobs, num_actors=1, log=lambda _: None) == {}
+    from_file, made = (
+        read_result(trial.trial_dir, suite, {}) for suite in ("lm:eval.txt", f"lm:{generated}")
+    )
+    assert from_file["status"] == "ok" and from_file["metrics"] == made["metrics"]

@@ -60,10 +60,18 @@ class NaNOnce(nn.Module):
         return SimpleNamespace(logits=logits * math.nan if self.calls == 3 else logits)
 
 
+class TrainRows:
+    """A token cache's training rows, read as the overfit protocol reads them (TokenCache.train_rows)."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+    def train_rows(self, first: int, rows: int) -> np.ndarray:
+        return self.rows[first : first + rows]
+
+
 def overfit(fresh=gpt2, options: OverfitOptions = FAST, seed: int = 0, rows: int = ROWS) -> dict:
-    cache = SimpleNamespace(
-        train=np.random.default_rng(0).integers(0, VOCAB, (rows, SEQ_LEN), dtype=np.uint16)
-    )
+    cache = TrainRows(np.random.default_rng(0).integers(0, VOCAB, (rows, SEQ_LEN), dtype=np.uint16))
     ctx = EvalContext(gpt2(), None, cache, seed, fresh_model=fresh)
     return run_overfit(ctx, None, options)
 
@@ -136,7 +144,7 @@ def test_uses_what_rows_the_cache_has():
 
 
 def test_needs_a_model_to_initialise():
-    cache = SimpleNamespace(train=np.zeros((4, SEQ_LEN), dtype=np.uint16))
+    cache = TrainRows(np.zeros((4, SEQ_LEN), dtype=np.uint16))
     with pytest.raises(ValueError, match="needs a model rayb can initialise"):
         run_overfit(EvalContext(gpt2(), None, cache), None, OverfitOptions())
 

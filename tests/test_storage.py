@@ -3,13 +3,17 @@ paths: what a study writes lands on the store, what a node reads comes through i
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import yaml
 from conftest import tiny_study_dict
 
 from rayb import storage
-from rayb.data.cache import MANIFEST, TokenCache
+from rayb.data.cache import MANIFEST, TokenCache, shard_name
+from rayb.models import build_model
+from rayb.models.registry import get_arch
 
 
 @pytest.fixture
@@ -110,6 +114,43 @@ def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(
     ).read_bytes()
     # The build happened in private scratch space, dropped once uploaded: only the mirror holds files.
     assert not list(mirror.glob("writes-*/**/train.bin"))
+
+
+def _uploaded(cache: TokenCache, location: str, shard_rows: int | None) -> TokenCache:
+    """A copy of a local cache's manifest and training rows on the store: train.bin whole, or in shards of
+    `shard_rows` rows as a cache built there in shards holds them."""
+    manifest, rows = dict(cache.manifest), np.asarray(cache.train)
+    per = shard_rows or len(rows)
+    shards = -(-len(rows) // per)
+    for k in range(shards):
+        storage.write_bytes(
+            storage.join(location, shard_name("train", k, shards)), rows[k * per : (k + 1) * per].tobytes()
+        )
+    if shard_rows:
+        manifest["train_shard_rows"] = shard_rows
+    storage.write_bytes(storage.join(location, MANIFEST), json.dumps(manifest).encode())
+    return TokenCache(location)
+
+
+@pytest.mark.parametrize("shard_rows", [None, 7])
+def test_the_overfit_suite_reads_only_its_rows_of_a_cache_on_s3(tiny_cache, s3_bucket, mirror, shard_rows):
+    """The overfit suite memorises the first rows of the training split. On object storage it reads just those
+    rows, by byte range: no node downloads the split (gigabytes at scale) for a thousand rows of it."""
+    from rayb.eval.overfit import OverfitOptions, run_overfit
+    from rayb.eval.registry import EvalContext
+
+    remote = _uploaded(tiny_cache, f"s3://{s3_bucket}/cache", shard_rows)
+    end = tiny_cache.manifest["train_rows"]
+    assert np.array_equal(remote.train_rows(0, 12), tiny_cache.train[:12])  # across shards, if in shards
+    assert np.array_equal(remote.train_rows(end - 3, 12), tiny_cache.train[end - 3 :])  # cut at the end
+    config = get_arch("gpt2").shape(32, 2)
+    fresh = lambda: build_model("gpt2", config, tiny_cache.manifest["vocab_size"], tiny_cache.seq_len)  # noqa: E731
+    scores = [
+        run_overfit(EvalContext(fresh(), None, cache, fresh_model=fresh), None, OverfitOptions(12, steps=3))
+        for cache in (remote, tiny_cache)
+    ]
+    assert scores[0]["examples"] == 12 and scores[0] == scores[1]  # the same rows, the same training
+    assert not list(mirror.rglob("train*.bin"))
 
 
 def test_a_cache_upload_cut_short_is_never_trusted(ray_session, tiny_cache, s3_bucket, mirror, monkeypatch):

@@ -10,9 +10,9 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
 On object storage (rayb/storage.py) the training rows larger than one shard (SHARD_BYTES, pipeline.py) are
 shards, each written whole by its own task: train-00000.bin, train-00001.bin, ... of `train_shard_rows`
 rows each (in the manifest). A Train worker reads its own rows of each batch by byte range, the next
-READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads them; the other files a
-process opens (manifest, tokenizer, val.bin, the held-out record) are fetched into its node's mirror the
-first time.
+READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads them; an evaluation that
+needs a few training rows (the overfit suite) reads them the same way. The other files a process opens
+(manifest, tokenizer, val.bin, the held-out record) are fetched into its node's mirror the first time.
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
@@ -110,10 +110,19 @@ class TokenCache:
 
         first = first_row(step, micro)
         if not storage.is_remote(self.path):
-            return self.train[first : first + micro_batch]
+            return self.train_rows(first, micro_batch)
         micros = global_batch // (micro_batch * world)  # micro-steps per optimizer step
         later = (divmod(step * micros + micro + k, micros) for k in range(1, READ_AHEAD + 1))
-        return self._ranged.read(first, micro_batch, ahead=[first_row(s, m) for s, m in later])
+        return self.train_rows(first, micro_batch, ahead=[first_row(s, m) for s, m in later])
+
+    def train_rows(self, first: int, rows: int, ahead: list[int] = ()) -> np.ndarray:
+        """Training rows [first, first + rows), fewer past the split's end: locally a view of the
+        memory-mapped file; on object storage read by byte range (and as many rows at each of `ahead`
+        started in the background), so a reader of a few rows never downloads the split."""
+        rows = max(0, min(rows, self.manifest["train_rows"] - first))
+        if not storage.is_remote(self.path):
+            return self.train[first : first + rows]
+        return self._ranged.read(first, rows, ahead)
 
     @cached_property
     def _ranged(self) -> RangedRows:

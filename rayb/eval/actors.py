@@ -4,7 +4,9 @@ This is the only eval module that knows about Ray; benchmarks are plain function
 Each job loads its checkpoint, runs one suite and writes `<trial>/eval/<suite>-<options hash>.json`
 with the benchmark's version, its metrics or its error, and its wall time. A failing benchmark is
 recorded with its message and does not stop the others; it is tried again on the next run, while
-finished results are never recomputed.
+finished results are never recomputed. A job whose actor is lost under it (killed, out of memory, its node
+gone) or left with a broken CUDA context runs again on a fresh actor, up to ATTEMPTS times in all; then it
+is recorded as that evaluation's error, like a failing benchmark, and the study goes on.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rayb import storage
-from rayb.eval.registry import check_suite_argument, make_options, parse_suite, result_name
+from rayb.eval.registry import job_argument, make_options, parse_suite, result_name
 from rayb.files import digest, read_json, write_json_atomic
 from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
@@ -31,7 +33,7 @@ class EvalJob:
     trial: TrialSpec
     suite: str  # "lm", "lm:wikitext2", "lm_eval:hellaswag", ... as the study names it (and its results)
     options: dict[str, Any]  # the study's eval_options for this suite's family
-    argument: str | None = None  # the suite's argument, a relative path made absolute
+    argument: Any = None  # the suite's argument as the driver read it (registry.job_argument)
 
     @property
     def out(self) -> str:
@@ -61,12 +63,6 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     from rayb.eval.registry import EvalContext
 
     benchmark, _ = parse_suite(job.suite)
-    result = {
-        "suite": job.suite,
-        "benchmark": benchmark.name,
-        "version": benchmark.version,
-        "options": job.options,
-    }
     began = time.perf_counter()
     try:
         torch.set_num_threads(threads)
@@ -79,16 +75,49 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
             model, tokenizer, cache, job.trial.seed, fresh_model=fresh, study_tokens=study_tokens
         )
         metrics = benchmark.run(ctx, job.argument, make_options(benchmark, job.options))
-        result |= {"status": "ok", "metrics": metrics}
+        outcome = {"status": "ok", "metrics": metrics}
     except Exception as exc:  # recorded per job; one broken benchmark must not stop the rest
-        result |= {
+        outcome = {
             "status": "error",
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
-    result["wall_s"] = time.perf_counter() - began
+    return write_result(job, outcome, time.perf_counter() - began)
+
+
+def write_result(job: EvalJob, outcome: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Write a job's result file, its outcome beside the benchmark's version and options; return it."""
+    benchmark, _ = parse_suite(job.suite)
+    result = {
+        "suite": job.suite,
+        "benchmark": benchmark.name,
+        "version": benchmark.version,
+        "options": job.options,
+    }
+    result |= outcome | {"wall_s": wall_s}
     write_json_atomic(job.out, result)
     return result
+
+
+# What CUDA reports once a kernel has faulted: the context stays broken for the life of the process
+# ("the process must be terminated and relaunched", CUDA's runtime API), so every later job on that
+# actor would fail too. Matched in the error's text, as PyTorch and Triton word it ("CUDA error: ...").
+STICKY_CUDA_ERRORS = (
+    "an illegal memory access was encountered",
+    "device-side assert triggered",
+    "unspecified launch failure",
+    "misaligned address",
+    "an illegal instruction was encountered",
+    "the launch timed out and was terminated",
+    "hardware stack error",
+    "uncorrectable ecc error encountered",
+)
+
+
+def sticky_cuda_error(error: str) -> bool:
+    """Whether an evaluation's error leaves its process's CUDA context unusable (not, e.g., out of memory)."""
+    text = error.lower()
+    return any(message in text for message in STICKY_CUDA_ERRORS)
 
 
 def _load(trial: TrialSpec, cache):
@@ -115,13 +144,12 @@ def _load(trial: TrialSpec, cache):
 def evaluation_jobs(
     trials: list[TrialSpec], suites: list[str], options: dict[str, dict], base_dir: Path | None = None
 ) -> list[EvalJob]:
-    """Every (trial × suite) without a finished result; relative paths in arguments read from `base_dir`."""
-    jobs = [
-        EvalJob(t, s, options.get(parse_suite(s)[0].name, {}), check_suite_argument(s, base_dir))
-        for t in trials
-        for s in suites
-    ]
-    return [job for job in jobs if not is_done(job)]
+    """Every (trial × suite) without a finished result. Each suite's argument is read here, once, on the
+    driver (relative paths from `base_dir`): a file it names reaches the actors with the jobs."""
+    jobs = [EvalJob(t, s, options.get(parse_suite(s)[0].name, {})) for t in trials for s in suites]
+    jobs = [job for job in jobs if not is_done(job)]
+    arguments = {suite: job_argument(suite, base_dir) for suite in {job.suite for job in jobs}}
+    return [replace(job, argument=arguments[job.suite]) for job in jobs]
 
 
 SHARED_GPU = 0.25  # a GPU fraction per eval actor: most suites are light enough to share a device
@@ -159,6 +187,7 @@ class EvalPool:
     starting anew."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
+    ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
 
     def __init__(
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
@@ -171,7 +200,8 @@ class EvalPool:
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
         self._live: dict[float, int] = {}  # per GPU share: actors alive
         self._idle: list = []  # CPU actors waiting for a job (GPU ones never wait)
-        self._running: dict = {}  # result ref -> (actor, GPU share)
+        self._running: dict = {}  # result ref -> (actor, GPU share, job, when it was handed over)
+        self._attempts: dict[str, int] = {}  # job's result file -> runs that lost their actor
         self._standing = 0  # CPU actors that may live without a job
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
@@ -196,19 +226,51 @@ class EvalPool:
                     continue
                 ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.POLL_S)
                 for ref in ready:
-                    key, suite, result = ray.get(ref)
-                    self._next_job(*self._running.pop(ref))
+                    job, result = self._collect(ref)
+                    if result is None:  # queued again, for a fresh actor
+                        continue
                     done += 1
                     status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
                     self.log(
-                        f"  eval {done}/{self.submitted}: {key} × {suite} in {result['wall_s']:.1f}s: {status}"
+                        f"  eval {done}/{self.submitted}: {job.trial.key} × {job.suite} "
+                        f"in {result['wall_s']:.1f}s: {status}"
                     )
                     if result["status"] != "ok":
-                        errors[(key, suite)] = result["error"]
+                        errors[(job.trial.key, job.suite)] = result["error"]
         finally:  # idle actors go; running jobs are left only when stopped early (results are on disk)
-            for handle in [h for h, _ in self._running.values()] + self._idle:
+            for handle in [running[0] for running in self._running.values()] + self._idle:
                 ray.kill(handle)
         return errors
+
+    def _collect(self, ref) -> tuple[EvalJob, dict[str, Any] | None]:
+        """A finished job and its result, its actor given the next job. A job whose actor died under it, or
+        whose error left the actor's CUDA context broken, is queued again for a fresh actor (result None)
+        until its last attempt; that attempt's error is its result."""
+        import ray
+
+        handle, gpus, job, began = self._running.pop(ref)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            # Its actor is gone (killed, out of memory, its node lost), or the call failed outside the benchmark.
+            error = f"the eval actor was lost: {type(exc).__name__}: {exc}"
+            result = write_result(job, {"status": "error", "error": error}, time.perf_counter() - began)
+            lost = True
+        else:
+            lost = result["status"] != "ok" and sticky_cuda_error(result["error"])
+        if not lost:
+            self._next_job(handle, gpus)
+            return job, result
+        self._stop(handle, gpus)  # a dead actor, or one no later job could use
+        self._attempts[job.out] = attempts = self._attempts.get(job.out, 0) + 1
+        if attempts >= self.ATTEMPTS:
+            return job, result
+        self.log(
+            f"  eval {job.trial.key} × {job.suite}: attempt {attempts} of {self.ATTEMPTS} failed "
+            f"({result['error'][:200]}); running it again on a fresh actor"
+        )
+        self._queues[gpus].insert(0, job)
+        return job, None
 
     def _start_actors(self, more: bool) -> None:
         """Give each queued job an idle actor, or start one, up to `num_actors` per GPU share; then stop
@@ -226,7 +288,8 @@ class EvalPool:
         """Give an actor the next job of its GPU share; with none, let it wait if spare CPUs hold it, else
         stop it."""
         if queue := self._queues.get(gpus):
-            self._running[handle.run.remote(queue.pop(0))] = (handle, gpus)
+            job = queue.pop(0)
+            self._running[handle.run.remote(job)] = (handle, gpus, job, time.perf_counter())
         elif gpus == 0.0 and self._live.get(0.0, 0) <= self._standing:
             self._idle.append(handle)
         else:
@@ -257,10 +320,6 @@ class _EvalActor:
         import rayb.models.checkpoint  # noqa: F401
         import rayb.models.pretrained  # noqa: F401
 
-    def run(self, job: EvalJob) -> tuple[str, str, dict[str, Any]]:
+    def run(self, job: EvalJob) -> dict[str, Any]:
         result = run_job(job, self.threads)
-        return (
-            job.trial.key,
-            job.suite,
-            {k: result[k] for k in ("status", "wall_s")} | {"error": result.get("error", "")},
-        )
+        return {k: result[k] for k in ("status", "wall_s")} | {"error": result.get("error", "")}

@@ -1,11 +1,13 @@
 """Named evaluation corpora (WikiText-2/103, Penn Treebank, a PG19 subset, enwik8) as plain text.
 
 `lm:NAME` evaluates on a corpus by name or by path. `lm:embedded://web?docs=40&seed=9` is a stand-in
-generated on the spot from rayb's embedded corpus (tiny studies use these offline). A path (.txt, .jsonl or .parquet with a `text`
-column) is read as is. A name is looked up in `corpora_dir()` (`$RAYB_CORPORA`, default
-~/.cache/rayb/corpora) as `NAME.txt`; when it is missing and the hub is reachable, the named dataset is
-downloaded once with `datasets` and written there, so later runs (and offline machines sharing the
-directory) read the local copy. Register more with `register_corpus`.
+generated on the spot from rayb's embedded corpus (tiny studies use these offline). A path (.txt, .jsonl or
+.parquet with a `text` column) is read as is, by the driver as it hands the evaluations out (`read_corpus`):
+eval actors on any node score the text it read, so the file need not be on a shared file system. A name is
+looked up in `corpora_dir()` (`$RAYB_CORPORA`, default ~/.cache/rayb/corpora) as `NAME.txt`; when it is
+missing and the hub is reachable, the named dataset is downloaded once with `datasets` and written there,
+so later runs (and offline machines sharing the directory) read the local copy. Register more with
+`register_corpus`.
 """
 
 from __future__ import annotations
@@ -51,13 +53,21 @@ def corpora_dir() -> Path:
     return Path(os.environ.get("RAYB_CORPORA", Path.home() / ".cache" / "rayb" / "corpora")).expanduser()
 
 
+@dataclass(frozen=True)
+class CorpusText:
+    """A corpus file's text, read by the driver: jobs carry it to eval actors on any node, which need not
+    have the file (it was named on the driver's disk)."""
+
+    text: str
+
+
 def resolve_corpus(argument: str, base_dir: Path) -> str:
     """`lm:ARGUMENT` checked when a study is resolved: a path must exist (a relative one is read from the
     study file's directory, and returned absolute); otherwise the name must be registered."""
     if argument.startswith("embedded://"):
         _embedded_text_args(argument)
         return argument
-    if "/" in argument or "." in argument:  # a path
+    if _is_path(argument):
         path = base_dir / Path(argument).expanduser()
         if not path.exists():
             raise ValueError(f"corpus file '{argument}' does not exist (looked for {path})")
@@ -67,6 +77,18 @@ def resolve_corpus(argument: str, base_dir: Path) -> str:
     return argument
 
 
+def read_corpus(argument: str) -> str | CorpusText:
+    """A resolved `lm:` argument as jobs carry it: a file's text, read here; a name or generated corpus as
+    is (each node reads those from its own corpora_dir, or makes them)."""
+    if _is_path(argument):
+        return CorpusText(read_text_file(Path(argument)))
+    return argument
+
+
+def _is_path(argument: str) -> bool:
+    return not argument.startswith("embedded://") and ("/" in argument or "." in argument)
+
+
 def _embedded_text_args(uri: str) -> tuple[str, int, int]:
     source, docs, seed = embedded_args(uri)
     if source not in SOURCES:
@@ -74,7 +96,9 @@ def _embedded_text_args(uri: str) -> tuple[str, int, int]:
     return source, docs, seed
 
 
-def load_corpus(argument: str) -> str:
+def load_corpus(argument: str | CorpusText) -> str:
+    if isinstance(argument, CorpusText):
+        return argument.text
     if argument.startswith("embedded://"):
         return "\n\n".join(generate_documents(*_embedded_text_args(argument)))
     path = Path(argument).expanduser()

@@ -23,7 +23,7 @@ from torch import nn
 
 from rayb.data.cache import TokenCache
 from rayb.data.held_out import EOS_ITEM, HeldOut
-from rayb.eval.corpora import load_corpus, resolve_corpus
+from rayb.eval.corpora import CorpusText, load_corpus, read_corpus, resolve_corpus
 from rayb.eval.registry import Benchmark, EvalContext, register_benchmark
 from rayb.eval.scoring import context_limit, sliding_window_nll
 
@@ -132,7 +132,7 @@ def corpus_metrics(ctx: EvalContext, text: str, options: LMOptions) -> dict[str,
     }
 
 
-def run_lm(ctx: EvalContext, corpus: str | None, options: LMOptions) -> dict[str, Any]:
+def run_lm(ctx: EvalContext, corpus: str | CorpusText | None, options: LMOptions) -> dict[str, Any]:
     if corpus is None and ctx.study_tokens:
         return evaluate_lm(ctx.model, ctx.cache, options.batch_size)
     if corpus is None:
@@ -149,6 +149,6 @@ register_benchmark(
     Benchmark(
         "lm", 2, run_lm, LMOptions,  # 2: references score the rows' own text and bytes (data/held_out.py)
         "perplexity and bits per byte: held-out rows, or a named corpus with a sliding window",
-        argument="corpus name or text file", resolve_argument=resolve_corpus,
+        argument="corpus name or text file", resolve_argument=resolve_corpus, read_argument=read_corpus,
     )
 )  # fmt: skip

@@ -59,7 +59,7 @@ class OverfitOptions:
 def run_overfit(ctx: EvalContext, _: str | None, options: OverfitOptions) -> dict[str, Any]:
     if ctx.fresh_model is None:
         raise ValueError("the overfit protocol needs a model rayb can initialise (EvalContext.fresh_model)")
-    rows = np.asarray(ctx.cache.train[: options.examples])
+    rows = np.asarray(ctx.cache.train_rows(0, options.examples))  # only these rows, not the whole split
     if len(rows) == 0:
         raise ValueError("the overfit protocol needs training rows, and the cache has none")
     device = device_of(ctx.model)

@@ -68,6 +68,9 @@ class Benchmark:
     # (argument, the study file's directory) -> the argument, a relative path made absolute; raises
     # ValueError for an argument that names nothing (a missing file, an unknown corpus)
     resolve_argument: Callable[[str, Path], str] | None = None
+    # (a resolved argument) -> what jobs carry to their actors in its place, read on the driver as it
+    # hands them out: the content of a file the argument names (an actor's node may not have the file)
+    read_argument: Callable[[str], Any] | None = None
     exclusive_device: bool = False  # runs alone on its device (timings), never beside another evaluation
     # Feeds tokens one at a time through a model's cache or state (eval/decoding.py), so its scores are
     # right only if decoding equals the full forward: the study's self-check holds every model to that.
@@ -112,6 +115,16 @@ def check_suite_argument(suite: str, base_dir: Path | None = None) -> str | None
     if argument is not None and benchmark.resolve_argument is not None:
         argument = benchmark.resolve_argument(argument, base_dir or Path.cwd())
     return argument
+
+
+def job_argument(suite: str, base_dir: Path | None = None) -> Any:
+    """What every job of a suite carries to its eval actor as the argument: the checked argument, or what
+    the benchmark reads of it on this machine (the driver's) for actors on any node."""
+    benchmark, _ = parse_suite(suite)
+    argument = check_suite_argument(suite, base_dir)
+    if argument is None or benchmark.read_argument is None:
+        return argument
+    return benchmark.read_argument(argument)
 
 
 def make_options(benchmark: Benchmark, values: dict[str, Any] | None) -> Any:
