@@ -21,6 +21,7 @@ from typing import Any
 
 from rayb import storage
 from rayb.eval.registry import job_argument, make_options, parse_suite, result_name
+from rayb.eval.scoring import describe_evaluation_precision, evaluation_autocast
 from rayb.files import digest, read_json, write_json_atomic
 from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
@@ -63,19 +64,24 @@ def run_job(job: EvalJob, threads: int) -> dict[str, Any]:
     from rayb.eval.registry import EvalContext
 
     benchmark, _ = parse_suite(job.suite)
+    precision = job.trial.train.resolved_precision
     began = time.perf_counter()
     try:
         torch.set_num_threads(threads)
         cache = TokenCache(job.trial.cache_dir)
         model, tokenizer, fresh, study_tokens = _load(job.trial, cache)
-        model = model.eval()
-        if torch.cuda.is_available():
-            model = model.cuda()
+        # fp32 weights for every architecture (transformers may load a checkpoint in the dtype it was
+        # saved in); the study's evaluation autocast sets the precision the kernels compute in.
+        model = model.float().eval()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = model.to(device)
         ctx = EvalContext(
             model, tokenizer, cache, job.trial.seed, fresh_model=fresh, study_tokens=study_tokens
         )
-        metrics = benchmark.run(ctx, job.argument, make_options(benchmark, job.options))
-        outcome = {"status": "ok", "metrics": metrics}
+        dtype = evaluation_autocast(precision)
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            metrics = benchmark.run(ctx, job.argument, make_options(benchmark, job.options))
+        outcome = {"status": "ok", "metrics": metrics, "precision": describe_evaluation_precision(precision)}
     except Exception as exc:  # recorded per job; one broken benchmark must not stop the rest
         outcome = {
             "status": "error",

@@ -25,6 +25,20 @@ def context_limit(model: nn.Module) -> int | None:
     return None
 
 
+def evaluation_autocast(training_precision: str) -> torch.dtype | None:
+    """The autocast dtype a study's evaluations run under, given its training precision
+    (`TrainSpec.resolved_precision`): the precision its models trained in, so speed, memory and scores
+    reflect the models as they were trained (bf16 by default on GPU; fp32 on CPU). None: fp32. It is one
+    precision for every architecture of the study: every model's weights load in fp32, whatever dtype
+    its checkpoint was saved in, and the kernels run under the one autocast."""
+    return None if training_precision == "fp32" else torch.bfloat16
+
+
+def describe_evaluation_precision(training_precision: str) -> str:
+    """The evaluation precision in words, for result files and the report."""
+    return "fp32" if evaluation_autocast(training_precision) is None else "bf16 autocast over fp32 weights"
+
+
 def device_of(model: nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")

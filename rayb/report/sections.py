@@ -20,6 +20,8 @@ from rayb.analysis.scaling import MIN_SIZES, ScalingFit
 from rayb.analysis.sequential import Round
 from rayb.analysis.stats import Comparison, Summary, finite_values, seeds_to_detect, summarize
 from rayb.analysis.verdict import SELECTION_METRIC, ModelRow, Verdict
+from rayb.eval.scoring import describe_evaluation_precision
+from rayb.train.spec import TrainSpec
 
 
 def markdown_table(header: Sequence[str], rows: list[list[str]]) -> str:
@@ -256,6 +258,7 @@ def provenance_section(provenance: dict[str, Any]) -> list[str]:
         f"{hardware.get('memory_gib', '?')} GiB, GPUs: {', '.join(hardware.get('gpus') or []) or 'none'} "
         f"({hardware.get('host_os', '?')})",
         f"- Ray cluster: {json.dumps(cluster, sort_keys=True)}",
+        *_precision_lines(provenance.get("study", {})),
         "",
         markdown_table(("package", "version"), [[k, v] for k, v in provenance.get("versions", {}).items()]),
         "",
@@ -268,6 +271,17 @@ def provenance_section(provenance: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _precision_lines(study: dict[str, Any]) -> list[str]:
+    """The precision the models trained in, and the one every evaluation ran in (the same for all)."""
+    if "train" not in study:
+        return []
+    precision = TrainSpec.model_validate(study["train"]).resolved_precision
+    return [
+        f"- precision: training {precision}; every evaluation (scores, speed and memory) "
+        f"{describe_evaluation_precision(precision)}, the same for every architecture"
+    ]
 
 
 WELCH_ALPHA = 0.05
