@@ -21,6 +21,7 @@ import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -122,17 +123,23 @@ def fetch(location: str | Path) -> Path:
     return target
 
 
-def fetch_tree(location: str | Path) -> Path:
-    """The local copy of a directory, each file fetched as `fetch` does (only what changed moves)."""
-    target = local(location)
+def fetch_tree(
+    location: str | Path, wanted: Callable[[str], bool] | None = None, into: Path | None = None
+) -> Path:
+    """The local copy of a directory, each file fetched as `fetch` does (only what changed moves): into
+    this node's mirror, or `into` a directory of the caller's; only the files whose path within the
+    directory `wanted` accepts (a rank resuming needs its own shards of a checkpoint, not every rank's).
+    A local directory is its own copy."""
     if not is_remote(location):
-        return target
+        return Path(location)
     import pyarrow.fs as pafs
 
+    target = into or local(location)
     fs, root = filesystem(str(location))
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True)):
-        if info.type == pafs.FileType.File:
-            _download(fs, info, target / info.path[len(root) :].lstrip("/"))
+        relative = info.path[len(root) :].lstrip("/")
+        if info.type == pafs.FileType.File and (wanted is None or wanted(relative)):
+            _download(fs, info, target / relative)
     return target
 
 

@@ -117,33 +117,73 @@ def test_a_users_explicit_setting_wins_over_the_pinned_default():
 
 # ----- random state across a resume ----------------------------------------------------------------------
 class _FakeCuda:
-    """Stands in for torch.cuda on a machine without one: two devices' generator states."""
+    """Stands in for torch.cuda on a machine without one: a node's devices, each with its generator state,
+    and the device this process uses (its local rank's). Indexing past the node's devices raises, as
+    torch.cuda does."""
 
-    def __init__(self):
-        self.states = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    def __init__(self, devices: int, current: int):
+        self.states = [torch.tensor([10 * current + d], dtype=torch.uint8) for d in range(devices)]
+        self.current = current
 
     def is_available(self):
         return True
 
+    def device_count(self):
+        return len(self.states)
+
+    def get_rng_state(self, device="cuda"):
+        return self.states[self._index(device)].clone()
+
+    def set_rng_state(self, state, device="cuda"):
+        self.states[self._index(device)] = state.clone()
+
     def get_rng_state_all(self):
-        return [s.clone() for s in self.states]
+        return [self.get_rng_state(d) for d in range(self.device_count())]
 
     def set_rng_state_all(self, states):
-        self.states = [s.clone() for s in states]
+        for device, state in enumerate(states):
+            self.set_rng_state(state, device)
+
+    def _index(self, device):
+        index = self.current if device == "cuda" else int(device)
+        if index >= len(self.states):
+            raise IndexError(f"device {index} of {len(self.states)}")
+        return index
 
 
-def test_checkpoints_carry_every_cuda_devices_random_state(monkeypatch):
+def test_checkpoints_carry_the_workers_own_cuda_state_to_a_node_of_any_size(monkeypatch):
+    """12 workers placed 8 + 4: local rank 5 of an 8-GPU node resumes as local rank 0 of a 4-GPU node. Its
+    device's generator state (only its own) goes with it; the new node's other devices are left alone."""
     from rayb.train import loop
 
-    fake = _FakeCuda()
-    monkeypatch.setattr(loop.torch, "cuda", fake)
+    monkeypatch.setattr(loop.torch, "cuda", _FakeCuda(devices=8, current=5))
     saved = loop.rng_state()
-    assert [int(s) for s in saved["cuda"]] == [1, 2]
+    own = loop.torch.cuda.get_rng_state()
     expected = (random.random(), np.random.rand(), torch.rand(1))
-    fake.states = [torch.tensor([9], dtype=torch.uint8)] * 2  # the streams move on ...
-    loop.set_rng_state(saved)  # ... and a resume puts every one back
-    assert [int(s) for s in fake.states] == [1, 2]
+    smaller = _FakeCuda(devices=4, current=0)
+    others = [int(s) for s in smaller.states[1:]]
+    monkeypatch.setattr(loop.torch, "cuda", smaller)
+    loop.set_rng_state(saved)
+    assert int(smaller.states[0]) == int(own) == 55  # the state of device 5 on the first node
+    assert [int(s) for s in smaller.states[1:]] == others
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_each_rank_restores_its_own_random_state_from_a_checkpoint(tmp_path):
+    """Every rank writes its own file into the checkpoint; a rank restores its own, not rank 0's."""
+    from rayb.train.loop import restore_rng, save_rng
+
+    streams = {}
+    for rank in (0, 1):
+        torch.manual_seed(rank)  # ranks whose streams differ (dropout, sampling)
+        random.seed(rank)
+        np.random.seed(rank)
+        save_rng(tmp_path, rank)
+        streams[rank] = (random.random(), np.random.rand(), torch.rand(1))
+    assert streams[0] != streams[1]
+    for rank in (1, 0):
+        restore_rng(tmp_path, rank)
+        assert (random.random(), np.random.rand(), torch.rand(1)) == streams[rank]
 
 
 def test_cpu_checkpoints_have_no_cuda_state():

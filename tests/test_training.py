@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import signal
@@ -15,6 +16,7 @@ import pytest
 import torch
 from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict
 
+from rayb import storage
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
@@ -170,6 +172,58 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
         assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))
 
 
+class _Stopped(Exception):
+    pass
+
+
+def _stop_after_step_8(config):
+    """rayb's loop on a worker that goes down once step 8 is checkpointed (as a cluster shut down, or a
+    relaunch of the study, would leave it): the run ends with the trial unfinished."""
+    from rayb.train import loop
+
+    real_step = loop._train_step
+
+    def train_step(run, step):
+        if step == 8:
+            raise _Stopped
+        return real_step(run, step)
+
+    loop._train_step = train_step
+    try:
+        loop.train_loop_per_worker(config)
+    except _Stopped:
+        pass
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, tmp_path, request, where):
+    """A relaunch on a cluster of another size packs the trials differently, so the trial's Ray Train run
+    has another name and no checkpoint of its own: the trial still resumes from where it was, at step 9
+    (its own record names its checkpoint), and ends exactly where an uninterrupted run ends. On object
+    storage the resuming worker reads its own files of the checkpoint from the store."""
+    _, reference_dir = runs[("gpt2", 1)]
+    out = tmp_path if where == "local" else f"s3://{request.getfixturevalue('s3_bucket')}/out"
+    raw = tiny_study_dict(seeds=[0])
+    trial = next(t for t in plan_trials(parse_study(raw), tiny_cache, out) if t.arch == "gpt2")
+    fit_pack(TrialPack((trial,)), loop=_stop_after_step_8)
+    log = storage.join(trial.trial_dir, METRICS)
+    assert read_metrics(log)[-1]["step"] == 8 and not storage.exists(
+        storage.join(trial.trial_dir, TRAIN_DONE)
+    )
+    # Relaunched in a pack beside a trial that finished earlier: a run of another name.
+    finished = dataclasses.replace(trial, key="finished", trial_dir=storage.join(out, "finished"))
+    storage.write_bytes(storage.join(finished.trial_dir, TRAIN_DONE), b"{}")
+    relaunch = TrialPack((finished, trial))
+    assert relaunch.run_name != TrialPack((trial,)).run_name
+    fit_pack(relaunch)
+    assert restart_points(storage.fetch(log)) == []
+    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] == [8]
+    resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
+    reference = [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+    assert resumed == reference
+    assert json.loads(storage.read_bytes(storage.join(trial.trial_dir, TRAIN_DONE)))["status"] == "ok"
+
+
 @pytest.mark.parametrize("n", [1, 8, 13, 40])
 def test_interim_validation_reads_every_source_in_its_share(tiny_cache, n):
     """Validation rows lie source after source; the interim slice must not be the first source alone."""
@@ -182,3 +236,29 @@ def test_interim_validation_reads_every_source_in_its_share(tiny_cache, n):
     from_first = int((chosen < shares[0]).sum())
     assert abs(from_first - len(chosen) * shares[0] / total) <= 1  # each source in its share, to a row
     assert (validation_rows(total, total) == np.arange(total)).all()
+
+
+def test_the_next_trial_in_a_pack_compiles_afresh():
+    """Between compiled trials of one pack, dynamo forgets the last trial's graphs (its caches would
+    otherwise hold them, and its recompile limit count them against the next model)."""
+    from torch._dynamo.utils import counters
+
+    from rayb.train.loop import _release_memory
+
+    model = torch.compile(torch.nn.Linear(2, 2), backend="eager")
+    model(torch.ones(1, 2))
+    compiled = counters["stats"]["unique_graphs"]
+    _release_memory(compiled=True)
+    model(torch.ones(1, 2))
+    assert counters["stats"]["unique_graphs"] == compiled + 1
+
+
+def test_worker_start_is_timed_only_against_a_clock_on_the_same_node(ray_session):
+    """The driver's clock and the worker's: subtracted only where they are one machine's."""
+    import ray
+
+    from rayb.train.loop import _start_costs
+
+    here = ray.get_runtime_context().get_node_id()
+    assert _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5) == {"worker_start_s": 2.5}
+    assert _start_costs({"launched_at": 100.0, "launched_on": "f" * 56}, entered=102.5) == {}

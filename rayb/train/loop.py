@@ -3,20 +3,28 @@
 A worker group trains a pack of trials (train/trial.py), one after another. Read top to bottom: per
 trial, set up (resuming if its checkpoint exists), then for each optimizer step feed this worker's share
 of global batch `step`, log it, and at the step's end measure validation loss and checkpoint when due.
-Data position is the step number, so a resumed run feeds exactly the batches it had not. Precision
-follows `TrainSpec.resolved_precision`: bf16 runs the forward and backward under autocast with fp32
-parameters, gradients and optimizer state, as the reference implementations train.
+Data position is the step number, so a resumed run feeds exactly the batches it had not. What all ranks
+must agree on (the trials that remain, the checkpoint to resume from) rank 0 decides and broadcasts.
+A trial's checkpoint is found wherever it was written: each trial records its latest checkpoint in its
+own directory, so a relaunch that packs the trials differently (a cluster of another size) resumes them.
+Precision follows `TrainSpec.resolved_precision`: bf16 runs the forward and backward under autocast with
+fp32 parameters, gradients and optimizer state, as the reference implementations train.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
+import re
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,9 @@ from rayb.train.spec import TrainSpec
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
 METRICS = "metrics.jsonl"
+LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
+
+logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -48,16 +59,33 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pack = TrialPack.from_dict(config["pack"])
     began = time.perf_counter()
     _start_worker(pack)
+    # Before the first deepspeed.initialize, so every rank creates its process groups in the same order.
+    comm = HostCollectives()
     # What the worker group cost to start, charged to the first trial it trains.
-    costs = {"worker_start_s": entered - config["launched_at"], "imports_s": time.perf_counter() - began}
-    comm = None
-    for trial in [t for t in pack.trials if not t.done]:
-        comm = train_trial(trial, comm, costs)
+    costs = _start_costs(config, entered) | {"imports_s": time.perf_counter() - began}
+    for trial in remaining_trials(pack, comm):
+        train_trial(trial, comm, costs)
         costs = {}
 
 
-def train_trial(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, float]) -> HostCollectives:
-    """Train one trial to its end (or divergence) on this worker; return the collectives for the next."""
+def remaining_trials(pack: TrialPack, comm: HostCollectives) -> list[TrialSpec]:
+    """The pack's unfinished trials, as rank 0 sees them: every rank trains the same ones."""
+    remaining = comm.broadcast([t.key for t in pack.pending] if comm.rank == 0 else None)
+    return [t for t in pack.trials if t.key in remaining]
+
+
+def _start_costs(config: dict[str, Any], entered: float) -> dict[str, float]:
+    """How long the group took to start, from the driver's request to this worker's entry: only where the
+    two clocks are one machine's (a worker on another node would add the clocks' offset)."""
+    import ray
+
+    if config.get("launched_on") != ray.get_runtime_context().get_node_id():
+        return {}
+    return {"worker_start_s": entered - config["launched_at"]}
+
+
+def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> None:
+    """Train one trial to its end (or divergence) on this worker."""
     run = _set_up(trial, comm, costs)
     status, steps_done = "ok", run.trial.steps
     for step in range(run.start, run.trial.steps):
@@ -66,10 +94,8 @@ def train_trial(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str,
             break
         _end_of_step(run, done=step + 1)
     _finish(run, status, steps_done)
-    comm = run.comm
     del run
-    _release_memory()  # the next trial builds its own model and engine
-    return comm
+    _release_memory(compiled=trial.train.compile)  # the next trial builds its own model and engine
 
 
 @dataclass
@@ -81,8 +107,6 @@ class _Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     cache: TokenCache
     comm: HostCollectives
-    rank: int
-    world: int
     log: _MetricsLog
     params: ParamCount
     kernels: dict[str, str]  # {component: implementation} this worker's model runs
@@ -92,6 +116,14 @@ class _Run:
     @property
     def train(self) -> TrainSpec:
         return self.trial.train
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world(self) -> int:
+        return self.comm.world
 
 
 # ----- set-up ------------------------------------------------------------------------------------------
@@ -115,14 +147,11 @@ def _start_worker(pack: TrialPack) -> None:
             del sys.modules["mlflow"]
 
 
-def _set_up(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, float]) -> _Run:
+def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:
     import deepspeed
-    import ray.train
 
     began = time.perf_counter()
     t = trial.train
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     _seed_everything(trial.seed)
     cache = TokenCache(trial.cache_dir)
     model = build_model(trial.arch, trial.model_config, cache.manifest["vocab_size"], cache.seq_len)
@@ -138,42 +167,99 @@ def _set_up(trial: TrialSpec, comm: HostCollectives | None, costs: dict[str, flo
     )
     if t.compile:
         engine.compile()  # compiles engine.module in place
-    # After the first deepspeed.initialize: every rank creates its process groups in the same order.
-    comm = comm or HostCollectives()
-    start = _resume(engine, trial)
+    start = _resume(engine, trial, comm)
     kernels = describe(get_arch(trial.arch).kernels(engine.device.type))
-    log = _MetricsLog(storage.join(trial.trial_dir, METRICS), enabled=rank == 0)
+    log = _MetricsLog(storage.join(trial.trial_dir, METRICS), enabled=comm.rank == 0)
     if start:  # where the trial came back from a lost worker or node (rayb status shows it resumed)
         log.write(kind="resume", step=start)
     timings = costs | {"set_up_s": time.perf_counter() - began, "checkpoint_s": 0.0, "validation_s": 0.0}
-    return _Run(trial, engine, scheduler, cache, comm, rank, world, log, params, kernels, start, timings)
+    return _Run(trial, engine, scheduler, cache, comm, log, params, kernels, start, timings)
 
 
-def _resume(engine, trial: TrialSpec) -> int:
-    """Load this trial's latest checkpoint, if the run's latest checkpoint is this trial's (in a pack, it
-    may be an earlier trial's); the step to continue from."""
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
-    if not checkpoint or _checkpoint_trial(checkpoint) != trial.key:
+def _resume(engine, trial: TrialSpec, comm: HostCollectives) -> int:
+    """Load this trial's latest checkpoint, chosen by rank 0, if it has one; the step to continue from."""
+    latest = comm.broadcast(latest_checkpoint(trial) if comm.rank == 0 else None)
+    if latest is None:
         return 0
-    with checkpoint.as_directory() as ckpt_dir:
-        _, client_state = engine.load_checkpoint(ckpt_dir)
-    set_rng_state(client_state["rng"])
+    with _fetched(checkpoint_location(trial, latest), comm.rank) as ckpt_dir:
+        _, client_state = engine.load_checkpoint(str(ckpt_dir), tag=latest["tag"])
+        restore_rng(ckpt_dir, comm.rank)
     return client_state["step"]
 
 
-def _checkpoint_trial(checkpoint) -> str:
-    """The trial a checkpoint belongs to: its DeepSpeed tag (`<trial key>-step<N>`, in the `latest` file),
-    read from storage without fetching the checkpoint."""
+def latest_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
+    """The newer of the trial's own record of its latest checkpoint (written in whichever run trained it)
+    and this run's latest checkpoint if that is the trial's (in a pack, it may be an earlier trial's); as
+    {"run", "checkpoint" (its directory in the run), "tag" (DeepSpeed's, `<trial key>-step<N>`)}."""
+    candidates = [c for c in (_recorded_checkpoint(trial), _run_checkpoint(trial)) if c]
+    return max(candidates, key=_tag_step) if candidates else None
+
+
+def _recorded_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
+    data = storage.read_bytes(storage.join(trial.trial_dir, LATEST_CHECKPOINT))
+    if data is None:
+        return None
+    record = json.loads(data)
+    # A record outliving its checkpoint (its run deleted it) is no checkpoint at all.
+    return record if storage.exists(storage.join(checkpoint_location(trial, record), record["tag"])) else None
+
+
+def _run_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if not checkpoint:
+        return None
+    record = _describe(checkpoint)
+    # Read from the `latest` file on storage, without fetching the checkpoint.
     with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/latest") as f:
-        tag = f.read().decode().strip()
-    return tag.rpartition("-step")[0]
+        record["tag"] = f.read().decode().strip()
+    return record if record["tag"].rpartition("-step")[0] == trial.key else None
 
 
-def _release_memory() -> None:
+def _describe(checkpoint) -> dict[str, str]:
+    """A checkpoint of this run, named relative to the storage path (the same URI from every node)."""
+    import ray.train
+
+    return {"run": ray.train.get_context().get_experiment_name(), "checkpoint": storage.name(checkpoint.path)}
+
+
+def _tag_step(record: dict[str, str]) -> int:
+    return int(record["tag"].rpartition("-step")[2])
+
+
+def checkpoint_location(trial: TrialSpec, record: dict[str, str]) -> str:
+    return storage.join(trial.storage_path, record["run"], record["checkpoint"])
+
+
+# A file of one rank's in a checkpoint: DeepSpeed's ZeRO shards (optimizer states; model states under ZeRO-3)
+# and rayb's random state. Any other file (`latest`, the model states) every rank reads.
+_RANK_FILE = re.compile(r"(?:^|/)(?:bf16_)?(?:zero_pp_rank_|rng_rank)(\d+)[_.]")
+
+
+def wanted_by(rank: int, relative: str) -> bool:
+    """Whether a rank resuming reads this file of a checkpoint: DeepSpeed's load_checkpoint (ZeRO 0-3, not
+    elastic) opens the model states, and of the ZeRO shards only its own data-parallel rank's."""
+    match = _RANK_FILE.search(relative)
+    return match is None or int(match[1]) == rank
+
+
+@contextmanager
+def _fetched(location: str, rank: int) -> Iterator[Path]:
+    """A checkpoint as a local directory holding what this rank reads of it: the directory itself on a
+    shared file system, else this rank's files downloaded into a temporary one."""
+    if not storage.is_remote(location):
+        yield Path(location)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield storage.fetch_tree(location, wanted=lambda relative: wanted_by(rank, relative), into=Path(tmp))
+
+
+def _release_memory(compiled: bool) -> None:
     import gc
 
+    if compiled:  # dynamo's caches hold the last trial's graphs, guarded on its modules
+        torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -252,21 +338,28 @@ def _train_step(run: _Run, step: int) -> float:
         loss_sum += loss.detach()
     step_loss = run.comm.mean([loss_sum.item() / t.accumulation])[0]  # one host sync per step
     (global_digest,) = run.comm.sum([digest], dtype=torch.int64)
+    grad_norm, extra = _float(engine.get_global_grad_norm()), _extra_metrics(run)
+    # Everything the step waited for, its collectives included (the log's upload runs on a thread).
     elapsed = time.perf_counter() - began
     tokens_per_step = t.global_batch * run.cache.seq_len
     run.log.write(
-        kind="train", step=step + 1, loss=step_loss, lr=lr, grad_norm=_float(engine.get_global_grad_norm()),
+        kind="train", step=step + 1, loss=step_loss, lr=lr, grad_norm=grad_norm,
         tokens=(step + 1) * tokens_per_step, tokens_per_s=tokens_per_step / elapsed, step_s=elapsed,
-        data_s=round(data_s, 6), batch_digest=int(global_digest), **{f"extra.{k}": v for k, v in _extra_metrics(run).items()},
+        data_s=round(data_s, 6), batch_digest=int(global_digest), **{f"extra.{k}": v for k, v in extra.items()},
     )  # fmt: skip
     return step_loss
 
 
 def _extra_metrics(run: _Run) -> dict[str, float]:
-    """A model's own metrics since the last call (models/hooks.py), averaged over the workers."""
-    metrics = hooks.extra_metrics(run.engine.module) or {}
-    names = sorted(metrics)
-    return dict(zip(names, run.comm.mean([float(metrics[n]) for n in names]), strict=True))
+    """A model's own metrics since the last call (models/hooks.py), averaged over the workers. Rank 0's
+    names are reduced on every rank (each rank's own could differ in number: a mismatched all-reduce);
+    a name a rank lacks counts as NaN there."""
+    metrics = hooks.extra_metrics(run.engine.module)
+    if metrics is None:  # the same model on every rank: all skip the collectives alike
+        return {}
+    names = run.comm.broadcast(sorted(metrics) if run.rank == 0 else None)
+    values = run.comm.mean([float(metrics.get(n, math.nan)) for n in names])
+    return dict(zip(names, values, strict=True))
 
 
 # ----- the end of a step: epochs, validation, checkpoints ----------------------------------------------
@@ -287,7 +380,7 @@ def _end_of_step(run: _Run, done: int) -> None:
         val_loss = _validation_loss(run)
         run.log.write(kind="val", step=done, val_loss=val_loss)
         began = time.perf_counter()
-        _checkpoint(run.engine, run.trial, done, {"step": done, "val_loss": val_loss})
+        _checkpoint(run, done, {"step": done, "val_loss": val_loss})
         run.log.push()  # the log reaches the store with each checkpoint: a resume elsewhere continues it
         run.timings["checkpoint_s"] += time.perf_counter() - began
 
@@ -316,15 +409,22 @@ def validation_rows(total: int, n: int) -> np.ndarray:
     return np.linspace(0, total - 1, n).round().astype(np.int64) if n < total else np.arange(total)
 
 
-def _checkpoint(engine, trial: TrialSpec, step: int, metrics: dict[str, float]) -> None:
-    """Every rank saves its DeepSpeed shard and reports it; Ray Train merges the shards in storage. The tag
-    names the trial, so a pack's run knows whose its latest checkpoint is."""
+def _checkpoint(run: _Run, step: int, metrics: dict[str, float]) -> None:
+    """Every rank saves its DeepSpeed shard and its random state and reports them; Ray Train merges the
+    ranks' files in storage. The tag names the trial, so a pack's run knows whose its latest checkpoint
+    is; and the trial's own record names the checkpoint, so a relaunch in any other run finds it."""
     import ray.train
 
+    tag = f"{run.trial.key}-step{step}"
     with tempfile.TemporaryDirectory() as tmp:
-        state = {"step": step, "rng": rng_state()}
-        engine.save_checkpoint(tmp, tag=f"{trial.key}-step{step}", client_state=state)
+        run.engine.save_checkpoint(tmp, tag=tag, client_state={"step": step})
+        save_rng(Path(tmp), run.rank)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+    run.comm.barrier()  # report returns once this rank's files are stored: the record waits for every rank's
+    if run.rank == 0:
+        # After a report, the run's checkpoint is the one just stored (its place in storage).
+        record = _describe(ray.train.get_checkpoint()) | {"tag": tag}
+        storage.write_bytes(storage.join(run.trial.trial_dir, LATEST_CHECKPOINT), json.dumps(record).encode())
 
 
 # ----- the end of the trial ----------------------------------------------------------------------------
@@ -376,8 +476,10 @@ def _save_model(module: torch.nn.Module, out: Path) -> None:
 
 class _MetricsLog:
     """Rank 0's own append-only JSONL log (Ray keeps only metrics reported with checkpoints). On object
-    storage it is appended locally and pushed every PUSH_EVERY_S, with each checkpoint and at the end;
-    a trial resumed on another node (or process) first takes the store's copy up."""
+    storage it is appended locally and uploaded every PUSH_EVERY_S by a thread of its own (a store has no
+    append, and the whole log's upload grows with the run: the training thread never waits for it), and
+    with each checkpoint and at the end, where the caller waits for it; a trial resumed on another node
+    (or process) first takes the store's copy up."""
 
     PUSH_EVERY_S = 10.0
 
@@ -385,22 +487,58 @@ class _MetricsLog:
         self.location, self.enabled = location, enabled
         self.path = storage.writable(location)
         self._pushed = time.monotonic()
+        self._uploader = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if storage.is_remote(location) and (earlier := storage.read_bytes(location)):
-                self.path.write_bytes(earlier)
+            if storage.is_remote(location):
+                if earlier := storage.read_bytes(location):
+                    self.path.write_bytes(earlier)
+                self._uploader = _Uploader(location)
 
     def write(self, **record: Any) -> None:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-            if time.monotonic() - self._pushed > self.PUSH_EVERY_S:
-                self.push()
+            if self._uploader and time.monotonic() - self._pushed > self.PUSH_EVERY_S:
+                self._uploader.request()
+                self._pushed = time.monotonic()
 
     def push(self, final: bool = False) -> None:
-        if self.enabled and self.path.exists():
-            storage.push(self.location, keep=not final)
-            self._pushed = time.monotonic()
+        """Upload the log now (after any upload under way), and wait for it."""
+        if self._uploader:
+            self._uploader.upload(final)
+
+
+class _Uploader:
+    """Uploads a file that grows (storage.push) from a thread of its own when asked, or at once when told:
+    one upload at a time, the last one (final) dropping the local copy and ending the thread."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self._lock = threading.Lock()
+        self._asked = threading.Event()
+        self._done = False
+        threading.Thread(target=self._serve, name=f"upload {location}", daemon=True).start()
+
+    def request(self) -> None:
+        self._asked.set()
+
+    def upload(self, final: bool = False) -> None:
+        with self._lock:
+            if not self._done:
+                storage.push(self.location, keep=not final)
+                self._done = final
+        if final:
+            self._asked.set()  # wake the thread to end
+
+    def _serve(self) -> None:
+        while not self._done:
+            self._asked.wait()
+            self._asked.clear()
+            try:
+                self.upload()
+            except Exception:  # the next upload (a checkpoint's, the end's) tries again, and raises
+                logger.warning("uploading %s failed", self.location, exc_info=True)
 
 
 def _float(value: Any) -> float | None:
@@ -416,10 +554,21 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device as well
 
 
+def save_rng(directory: Path, rank: int) -> None:
+    """This rank's random state, in a file of its own: each rank's streams are its own."""
+    torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
+
+
+def restore_rng(directory: Path, rank: int) -> None:
+    set_rng_state(torch.load(directory / f"rng_rank{rank}.pt", weights_only=False))  # rayb's own file
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()  # every device this worker sees
+        # The device this worker trains on (its local rank's), not every device the node has: the rank
+        # may resume on a node with fewer, as another local rank.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -428,4 +577,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])  # onto the device this worker trains on now

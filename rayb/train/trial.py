@@ -72,7 +72,9 @@ class TrialPack:
 
     @property
     def run_name(self) -> str:
-        """The Ray Train run's name: stable across relaunches, so the run finds its latest checkpoint."""
+        """The Ray Train run's name: stable across relaunches that pack the same trials, so the run finds its
+        latest checkpoint. A relaunch on a cluster of another size packs them differently: each trial then
+        finds its checkpoint through its own record of it (train/loop.py)."""
         first = self.trials[0]
         if len(self.trials) == 1:
             return first.run_name
