@@ -32,6 +32,7 @@ def fit_pack(
 ) -> None:
     """Train a pack's trials on one worker group: on a single node where `one_node` (packs.one_node),
     else across nodes. `loop` is the per-worker function (rayb's; a test may wrap it)."""
+    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -40,8 +41,13 @@ def fit_pack(
     t = pack.train
     trainer = TorchTrainer(
         loop,
-        # When the driver asked for the group: the loop reports how long the group took to start.
-        train_loop_config={"pack": pack.to_dict(), "launched_at": time.time()},
+        # When, and on which node, the driver asked for the group: the loop reports how long the group
+        # took to start (a worker on another node reports nothing: its clock is another machine's).
+        train_loop_config={
+            "pack": pack.to_dict(),
+            "launched_at": time.time(),
+            "launched_on": ray.get_runtime_context().get_node_id(),
+        },
         torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
