@@ -23,6 +23,7 @@ from rayb import storage
 from rayb.eval.registry import job_argument, make_options, parse_suite, result_name
 from rayb.eval.scoring import describe_evaluation_precision, evaluation_autocast
 from rayb.files import digest, read_json, write_json_atomic
+from rayb.gpu_share import cap_gpu_memory
 from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
 
@@ -305,7 +306,7 @@ class EvalPool:
         import ray
 
         self._live[gpus] = self._live.get(gpus, 0) + 1
-        return ray.remote(_EvalActor).options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads)
+        return ray.remote(_EvalActor).options(num_cpus=self.threads, num_gpus=gpus).remote(self.threads, gpus)
 
     def _stop(self, handle, gpus: float) -> None:
         import ray
@@ -315,8 +316,9 @@ class EvalPool:
 
 
 class _EvalActor:
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, gpus: float = 0.0):
         self.threads = threads
+        cap_gpu_memory(gpus)  # actors sharing a GPU cannot run each other out of memory
         # What every job imports, imported as the actor starts: an actor on a spare CPU (EvalPool) does it
         # while the trials are still starting.
         import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)

@@ -274,14 +274,23 @@ def provenance_section(provenance: dict[str, Any]) -> list[str]:
 
 
 def _precision_lines(study: dict[str, Any]) -> list[str]:
-    """The precision the models trained in, and the one every evaluation ran in (the same for all)."""
+    """The precision the models trained in, the one every evaluation ran in (the same for all), and
+    whether training shared its GPUs."""
     if "train" not in study:
         return []
-    precision = TrainSpec.model_validate(study["train"]).resolved_precision
-    return [
+    train = TrainSpec.model_validate(study["train"])
+    precision = train.resolved_precision
+    lines = [
         f"- precision: training {precision}; every evaluation (scores, speed and memory) "
         f"{describe_evaluation_precision(precision)}, the same for every architecture"
     ]
+    if train.use_gpu and train.gpus_per_worker < 1:
+        lines.append(
+            f"- shared GPUs: each training worker held {train.gpus_per_worker:g} of a GPU (its memory capped "
+            "to that share): training throughput (`tokens_per_s`) was measured on a shared device and "
+            "depends on what else ran there; the `speed` suite had a GPU of its own"
+        )
+    return lines
 
 
 WELCH_ALPHA = 0.05

@@ -36,6 +36,7 @@ from rayb import storage
 from rayb.data.cache import TokenCache, row_digest
 from rayb.eval.lm import as_ids, logits_nll, next_token_nll
 from rayb.files import write_json_atomic
+from rayb.gpu_share import cap_gpu_memory
 from rayb.models import build_model, count_params, hooks
 from rayb.models.accounting import ParamCount
 from rayb.models.checkpoint import save_weights
@@ -133,6 +134,8 @@ def _start_worker(pack: TrialPack) -> None:
     """Once per worker group: the accelerator DeepSpeed will use, torch threads, and the imports."""
     if not pack.train.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+    else:
+        cap_gpu_memory(pack.train.gpus_per_worker)  # trials sharing a GPU cannot run each other out of memory
     torch.set_num_threads(pack.threads)
     # DeepSpeed's import is most of a worker's start-up (timed as such). Its autotuner, which rayb never
     # runs, imports mlflow where it is installed: 0.7 s of each start. Hidden for that import, mlflow
