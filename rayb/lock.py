@@ -1,6 +1,8 @@
-"""One `rayb run` of a study at a time, and one run training a trial: a second run of the same study on
-the same output refuses, naming the process that holds it, instead of training the same trials into the
-same files beside it; so does a run of another study that needs a trial a running study is training.
+"""One `rayb run` of a study at a time, one run training a trial, and one building a data cache: a second
+run of the same study on the same output refuses, naming the process that holds it, instead of training
+the same trials into the same files beside it. Studies that share trials or data run side by side: a run
+of another study leaves the trials a running study is training to it, and waits for them, and a run that
+needs a data cache another run is building waits for it and then reads it.
 
 A lock is a small JSON file holding who holds it (host, pid, since when, and for a trial, the study): the
 study's `lock.json` in its directory, and a trial's claim, `claims/<trial key>.json` in the output.
@@ -35,6 +37,7 @@ CLAIMS_DIR = "claims"  # in the output: a claim per trial being trained
 HEARTBEAT_S = 10.0
 STALE_S = 60.0  # several missed heartbeats: the holder is gone
 SETTLE_S = 2.0  # far longer than the gap between a run's check of the lease and its write
+WAIT_S = 5.0  # how often a run waiting for another's lock or trial looks again
 
 
 class StudyLocked(StudyError):
@@ -49,12 +52,39 @@ def study_lock(study_dir: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trial_claims(output: str | Path, trial_keys: list[str], study_name: str) -> Iterator[None]:
-    """Claim the trials this run will train, while the block runs; raise StudyLocked, naming the study and
-    process, if another run (of another study sharing them) holds a claim on any of them."""
-    locations = [storage.join(output, CLAIMS_DIR, f"{key}.json") for key in trial_keys]
-    with _hold(locations, _holder() | {"study": study_name}, _trial_claimed):
-        yield
+def trial_claims(output: str | Path, trial_keys: list[str], study_name: str) -> Iterator[dict[str, dict]]:
+    """Claim the trials this run will train, while the block runs. Yields {trial key: holder} for those
+    another run (of another study sharing them) holds a claim on: this run leaves them to it."""
+    holder = _holder() | {"study": study_name}
+    elsewhere: dict[str, dict] = {}
+
+    def skip(location: str, other: dict) -> None:
+        elsewhere[storage.name(location).removesuffix(".json")] = other
+
+    locations = [claim_location(output, key) for key in trial_keys]
+    with _hold(locations, holder, _trial_claimed, skip=skip):
+        yield elsewhere
+
+
+def claim_location(output: str | Path, trial_key: str) -> str:
+    return storage.join(output, CLAIMS_DIR, f"{trial_key}.json")
+
+
+@contextlib.contextmanager
+def waiting_lock(location: str, what: str, log) -> Iterator[None]:
+    """Hold a lock that another run may hold for a while (a data cache it is building): wait for it, saying
+    once who holds it, rather than refuse."""
+    said = False
+    while True:
+        try:
+            with _hold([location], _holder(), _busy):
+                yield
+            return
+        except StudyLocked as busy:
+            if not said:
+                log(f"waiting for {what}: {busy}")
+                said = True
+            time.sleep(WAIT_S)
 
 
 def _holder() -> dict:
@@ -67,16 +97,24 @@ def _holder() -> dict:
 
 
 @contextlib.contextmanager
-def _hold(locations: list[str], holder: dict, refusal) -> Iterator[None]:
+def _hold(locations: list[str], holder: dict, refusal, skip=None) -> Iterator[None]:
+    """Hold every lock in `locations`. One another process holds raises `refusal(location, its holder)`;
+    with `skip`, it is passed to `skip(location, its holder)` instead and the others are held."""
     if not locations:
         yield
     elif storage.is_remote(locations[0]):
-        with _leases(locations, holder, refusal):
+        with _leases(locations, holder, refusal, skip):
             yield
     else:
         with contextlib.ExitStack() as held:
             for location in locations:
-                held.enter_context(_flock(location, holder, refusal))
+                try:
+                    held.enter_context(_flock(location, holder, refusal))
+                except StudyLocked:
+                    if skip is None:
+                        raise
+                    with open(location) as f:
+                        skip(location, _parse(f.read()))
             yield
 
 
@@ -103,17 +141,24 @@ def _flock(location: str, holder: dict, refusal) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _leases(locations: list[str], holder: dict, refusal) -> Iterator[None]:
+def _leases(locations: list[str], holder: dict, refusal, skip=None) -> Iterator[None]:
+    ours = list(locations)
+
     def check(written: bool) -> None:
-        for location in locations:
+        for location in list(ours):
             current = read_json(location)
-            if written and current.get("token") != holder["token"]:
+            taken = current.get("token") != holder["token"] if written else (
+                current and time.time() - current.get("renewed", 0) < STALE_S
+            )  # fmt: skip
+            if not taken:
+                continue
+            if skip is None:
                 raise refusal(location, current)
-            if not written and current and time.time() - current.get("renewed", 0) < STALE_S:
-                raise refusal(location, current)
+            skip(location, current)
+            ours.remove(location)
 
     def write() -> None:
-        for location in locations:
+        for location in ours:
             write_json_atomic(location, holder | {"renewed": time.time()})
 
     def renew(stop: threading.Event) -> None:
@@ -123,12 +168,13 @@ def _leases(locations: list[str], holder: dict, refusal) -> Iterator[None]:
     check(written=False)
     write()
     try:
-        time.sleep(SETTLE_S)
-        check(written=True)
+        if ours:
+            time.sleep(SETTLE_S)
+            check(written=True)
         with beside(renew, "rayb-lock"):
             yield
     finally:  # give back what is ours (a lost race leaves the winner's files alone)
-        for location in locations:
+        for location in ours:
             if read_json(location).get("token") == holder["token"]:
                 storage.remove(location)
 
@@ -153,6 +199,10 @@ def _study_locked(location: str, holder: dict) -> StudyLocked:
         f"this study is already running: {_who(holder)} holds {location}. Wait for that run to end, or stop "
         "it; a rerun afterwards redoes nothing it finished" + _stale_note(location)
     )
+
+
+def _busy(location: str, holder: dict) -> StudyLocked:
+    return StudyLocked(f"{_who(holder)} holds {location}" + _stale_note(location))
 
 
 def _trial_claimed(location: str, holder: dict) -> StudyLocked:

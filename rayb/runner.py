@@ -15,6 +15,7 @@ import math
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from rayb import pinned, storage
+from rayb import lock, pinned, storage
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EvalJob, EvalPool, read_result
@@ -213,7 +214,7 @@ def run_study(
             raise StudyError(f"train: {why}")
         stages.end("ray_start")
         log("preparing data (tokenize, pack, mix) ...")
-        cache = prepare_data(study.data, storage.join(out, "cache"))
+        cache = prepare_data(study.data, storage.join(out, "cache"), log)
         stages.end("data")
         if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
             raise StudyError(
@@ -257,21 +258,25 @@ def run_study(
         evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus)
         stages.end("planning")
         trained, groups = 0, 0
-        # Claimed while they train: a run of another study that shares one refuses, naming this run.
-        untrained = [t.key for t in trials if not t.done and t.arch != PRETRAINED_ARCH]
+
+        def train(trials_to_train: list[TrialSpec]) -> None:
+            nonlocal trained, groups
+            if not (packs := _packs(trials_to_train, slots, cores)):
+                return
+            trained += sum(len(p.pending) for p in packs)
+            at_once = min(slots, len(packs))
+            groups = max(groups, at_once)
+            feed.packs, feed.slots = packs, slots
+            errors.update(run_packs(packs, storage.join(out, "ray", "tune"), at_once, study_dir))
+
         with (
-            trial_claims(out, untrained, study.name),
             tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,
             evaluating_beside(evaluations, feed) as evaluated,
         ):
-            while packs := _packs(wanted, slots, cores):
+            while pending := _untrained(wanted, errors):
                 if study.seed_rounds is not None:
                     log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
-                trained += sum(len(p.pending) for p in packs)
-                at_once = min(slots, len(packs))
-                groups = max(groups, at_once)
-                feed.packs, feed.slots = packs, slots
-                errors |= run_packs(packs, storage.join(out, "ray", "tune"), at_once, study_dir)
+                train_claimed(pending, out, study.name, train, log)
                 if study.seed_rounds is None:
                     break
                 await_held_out_loss(study, wanted, evaluated)
@@ -300,6 +305,35 @@ def run_study(
 def _pusher(study_dir: str):
     """On object storage: what copies the study directory's local files (trackers', logs) to the store."""
     return (lambda: storage.push(study_dir, keep=True)) if storage.is_remote(study_dir) else None
+
+
+def _untrained(trials: list[TrialSpec], failed: dict[str, str]) -> list[TrialSpec]:
+    """The trials still to train: not finished, not a pretrained reference, and not failed in this run."""
+    return [t for t in trials if t.arch != PRETRAINED_ARCH and t.key not in failed and not t.done]
+
+
+def train_claimed(
+    trials: list[TrialSpec], output: str, study_name: str, train: Callable[[list[TrialSpec]], None], log
+) -> None:
+    """Train `trials` under this run's claims on them. One that another run (of another study sharing it)
+    is training is left to it: this run waits for it to finish, and trains it itself if that run lets it
+    go unfinished (it ended or was killed). Each trial is trained by this run at most once."""
+    tried: set[str] = set()
+    said: set[str] = set()
+    while pending := [t for t in trials if t.key not in tried and not t.done]:
+        with trial_claims(output, [t.key for t in pending], study_name) as elsewhere:
+            if mine := [t for t in pending if t.key not in elsewhere]:
+                train(mine)
+                tried.update(t.key for t in mine)
+        if not elsewhere:
+            return
+        if set(elsewhere) != said:
+            studies = sorted({holder.get("study", "?") for holder in elsewhere.values()})
+            log(
+                f"waiting for {len(elsewhere)} trial(s) that another run is training (study {', '.join(studies)})"
+            )
+            said = set(elsewhere)
+        time.sleep(lock.WAIT_S)
 
 
 def _packs(trials: list[TrialSpec], slots: int, cores: int) -> list:

@@ -3,6 +3,7 @@ holder; the run after a killed one starts (at once locally, once the lease is st
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -103,32 +104,82 @@ CLAIM = (
 
 
 @pytest.mark.ray
-def test_a_study_that_needs_a_trial_another_study_is_training_refuses(output, ray_session, monkeypatch):
-    """Two different studies share a trial (same model, data and training): while one trains it, the other
-    refuses before training anything, naming the study and process that hold it."""
+def test_a_study_leaves_a_trial_another_study_is_training_to_it_and_takes_it_over_if_let_go(
+    output, ray_session, monkeypatch
+):
+    """Two different studies share a trial (same model, data and training): while another run holds it,
+    this run trains its other trials and waits, saying so; when that run ends without finishing it (killed
+    here), this run trains it itself."""
+    import threading
+
     from rayb.data.pipeline import prepare_data
     from rayb.runner import plan_trials, run_study
     from rayb.study import parse_study
 
     monkeypatch.setattr(lock, "SETTLE_S", 0.2)
-    study = parse_study(tiny_study_dict(seeds=[0]))
+    monkeypatch.setattr(lock, "WAIT_S", 0.5)
+    monkeypatch.setattr(lock, "STALE_S", 15.0)  # the killed holder's lease on S3: renewed every 10 s
+    study = parse_study(tiny_study_dict(seeds=[0], eval=["lm"]))
     trials = plan_trials(study, prepare_data(study.data, storage.join(output, "cache")), output, {})
-    holder = subprocess.Popen(
-        [sys.executable, "-c", CLAIM, output, trials[0].key],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=os.environ,
-    )
+    holder = subprocess.Popen([sys.executable, "-c", CLAIM, output, trials[0].key], stdout=subprocess.PIPE,
+                              text=True, env=os.environ)  # fmt: skip
+    said: list[str] = []
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(StudyLocked, match=f"trained by study 'other': process {holder.pid} on "):
-            run_study(study, output, log=lambda _: None)
-        assert not storage.exists(storage.join(output, "ray", "tune"))  # nothing was trained
+        run = threading.Thread(target=run_study, args=(study, output), kwargs={"log": said.append})
+        run.start()
+        deadline = time.time() + 600
+        while not (trials[1].done and any("waiting for 1 trial(s)" in line for line in said)):
+            assert run.is_alive() and time.time() < deadline, said
+            time.sleep(1)
+        assert not trials[0].done  # left to the run that holds it
+        assert any("study other" in line for line in said)
     finally:
         holder.kill()
         holder.wait()
+    run.join(timeout=600)
+    assert not run.is_alive() and trials[0].done and trials[1].done
     # Claims that do not overlap never collide; a run's claims are given back when it ends.
-    with lock.trial_claims(output, [trials[1].key], "this"), lock.trial_claims(output, ["other"], "that"):
-        pass
-    if storage.is_remote(output):  # only the killed holder's lease is left, until it goes stale
-        assert storage.listdir(storage.join(output, lock.CLAIMS_DIR)) == [f"{trials[0].key}.json"]
+    with (
+        lock.trial_claims(output, [trials[1].key], "this") as a,
+        lock.trial_claims(output, ["x"], "that") as b,
+    ):
+        assert a == b == {}
+
+
+@pytest.mark.ray
+def test_two_studies_sharing_a_trial_run_at_once_and_it_is_trained_once(ray_session, tmp_path):
+    """Two `rayb run`s of different studies on one output, started together on one cluster: they share
+    their data cache and one trial (gpt2, seed 0). Both finish; the data is tokenized once, the shared
+    trial trained once, and each study's results hold it."""
+    import ray
+
+    from rayb.results import read_results
+
+    out = tmp_path / "out"
+    base = tiny_study_dict(eval=["lm"])
+    base["models"] = base["models"][:1]
+    files = []
+    for name, seeds in (("one", [0]), ("two", [0, 1])):
+        files.append(tmp_path / f"{name}.yaml")
+        files[-1].write_text(yaml.safe_dump(base | {"name": name, "seeds": seeds}))
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    runs = [subprocess.Popen(["rayb", "run", str(f), "--output", str(out)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for f in files]  # fmt: skip
+    logs = [run.communicate(timeout=900)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+    (cache,) = [d for d in (out / "cache" / "data").iterdir() if d.is_dir()]
+    assert (cache / "manifest.json").is_file()
+    trained = sorted(out.glob("trials/*/train_result.json"))
+    assert len(trained) == 2  # gpt2 seeds 0 and 1: the shared one once
+    for result in trained:
+        log = result.parent / "metrics.jsonl"
+        steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if '"train"' in line]
+        assert steps == sorted(set(steps)), f"{log} was trained more than once"
+    tables = [
+        read_results(next((out / "studies").glob(f"{name}-*")) / "results.parquet") for name in ("one", "two")
+    ]
+    assert [sorted(t.seed) for t in tables] == [[0], [0, 1]]
+    assert all((t.status == "ok").all() for t in tables)
+    shared = [t[t.seed == 0].iloc[0] for t in tables]
+    assert shared[0].val_loss == shared[1].val_loss  # one trial, read by both

@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from rayb.data.spec import DataSpec
 from rayb.data.split import HeldOutRule
 from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
 from rayb.files import atomic_directory, digest
+from rayb.lock import waiting_lock
 
 CACHE_FORMAT_VERSION = 2  # 2: held-out documents are a seeded random sample (1: a source's first rows)
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
@@ -58,11 +60,12 @@ class BadShard(ValueError):
     pass
 
 
-def prepare_data(spec: DataSpec, cache_root: Path | str) -> TokenCache:
+def prepare_data(spec: DataSpec, cache_root: Path | str, log: Callable[[str], None] = print) -> TokenCache:
     """Build (or reuse) the packed-token cache for a data spec under `cache_root` (a local directory, or
     a URI on object storage); return it. On object storage the driver's node builds the cache in private
     scratch space and uploads it, its manifest last: a cache without a manifest is never trusted, so a
-    driver killed mid-build leaves nothing a rerun would use."""
+    driver killed mid-build leaves nothing a rerun would use. One run builds a cache at a time: another
+    run (of another study with the same data) waits for it and reads what it built."""
     cache_root = storage.resolve(cache_root)
     # Embedded corpora and tokenizers are made locally (on object storage, in this node's mirror: they are
     # a function of their key alone, so a copy there is as good as a cache).
@@ -70,9 +73,19 @@ def prepare_data(spec: DataSpec, cache_root: Path | str) -> TokenCache:
     resolved = {s.name: resolve(s.location, work_root) for s in spec.sources}
     key = data_key(spec, resolved)
     out = storage.join(cache_root, "data", key)
-    if storage.exists(storage.join(out, MANIFEST)):
-        return TokenCache(storage.local(out) if not storage.is_remote(out) else out)
+    if cache := _built(out):
+        return cache
+    with waiting_lock(storage.join(cache_root, "data", f"{key}.lock.json"), "another run's data cache", log):
+        return _built(out) or _build(spec, resolved, key, out, work_root)
 
+
+def _built(out: str) -> TokenCache | None:
+    if not storage.exists(storage.join(out, MANIFEST)):
+        return None
+    return TokenCache(storage.local(out) if not storage.is_remote(out) else out)
+
+
+def _build(spec: DataSpec, resolved: dict, key: str, out: str, work_root: Path) -> TokenCache:
     started = time.perf_counter()
     units = [Units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
     for source in units:  # the first shard of each is checked before anything is built
