@@ -86,7 +86,12 @@ def test_two_runs_that_take_a_lease_at_once_leave_exactly_one_holding_it(s3_buck
         for _ in range(2)
     ]
     try:
-        time.sleep(8)  # both read no lease, both write, each reads back after SETTLE_S
+        # Both read no lease, both write, each reads back after SETTLE_S: one refuses. (Waited for rather
+        # than timed: on a loaded machine the imports alone can take seconds.)
+        deadline = time.time() + 120
+        while all(r.poll() is None for r in racers) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(lock.SETTLE_S + 1)  # the other has read its lease back by now, and holds it
         held = [r for r in racers if r.poll() is None]
         refused = [r for r in racers if r.poll() is not None]
         assert len(held) == 1 and len(refused) == 1
