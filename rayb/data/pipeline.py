@@ -50,6 +50,7 @@ CACHE_FORMAT_VERSION = 2  # 2: held-out documents are a seeded random sample (1:
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
 STREAM_DIR = "streams"  # the units' stretches of the packed streams, while the cache is built
 SPLITS = ("train", "val")
+MIN_BYTES_PER_TOKEN = 2.0  # fewer than almost any tokenizer on almost any text: see _first_bytes
 SHARD_BYTES = 64 * 2**20  # a shard of the training rows: one task assembles it, one object holds it
 
 
@@ -249,6 +250,7 @@ class Unit:
     source: int  # index into the study's sources
     path: str
     row_group: int
+    text_bytes: int  # its text column, uncompressed (from the footer): what a first round goes by
 
 
 class Units:
@@ -271,6 +273,13 @@ class Units:
         taken, self._ready = self._ready[:n], self._ready[n:]
         return taken
 
+    def take_bytes(self, text_bytes: int, at_least: int) -> list[Unit]:
+        """The next units that hold `text_bytes` of text (or all there are), and at least `at_least`."""
+        taken = self.take(at_least)
+        while sum(u.text_bytes for u in taken) < text_bytes and (more := self.take(1)):
+            taken += more
+        return taken
+
     def __bool__(self) -> bool:  # units left
         return bool(self._ready) or self._open_next()
 
@@ -280,8 +289,16 @@ class Units:
             return False
         shard = open_shard(path, self.source.filesystem, self.column)
         self.shards_read += 1
-        self._ready += [Unit(self.index, path, group) for group in range(shard.num_row_groups)]
+        meta = shard.metadata
+        self._ready += [Unit(self.index, path, group, _text_bytes(meta.row_group(group), self.column))
+                        for group in range(shard.num_row_groups)]  # fmt: skip
         return True
+
+
+def _text_bytes(row_group: pq.RowGroupMetaData, column: str) -> int:
+    """The uncompressed bytes of a row group's text column (every leaf under a struct column)."""
+    chunks = (row_group.column(i) for i in range(row_group.num_columns))
+    return sum(c.total_uncompressed_size for c in chunks if f"{c.path_in_schema}.".startswith(f"{column}."))
 
 
 def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tokenizer_dir: Path,
@@ -386,9 +403,12 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
     while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and units[i]]:
         batch = []
         for i in short:
-            batch += units[i].take(
-                _units_to_read(done[i], need[i], spec.held_out, max(1, parallel // len(short)))
-            )
+            if done[i]:
+                batch += units[i].take(_units_to_read(done[i], need[i], spec.held_out))
+            else:
+                batch += units[i].take_bytes(
+                    _first_bytes(need[i], spec.held_out), max(1, parallel // len(short))
+                )
         # Numbers are never reused: a task still running when its round stopped may yet write its files.
         items = [{"unit": numbered + n, **asdict(u), "stem": storage.join(streams, str(numbered + n))}
                  for n, u in enumerate(batch)]  # fmt: skip
@@ -447,13 +467,19 @@ def _missing(read: list[dict], need: dict[str, int]) -> dict[str, int]:
     }
 
 
-def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule, first: int) -> int:
-    """The first round reads `first` units of a source (enough to keep every core busy); the next as many
-    as its slower stream's token rate says are still missing (and a quarter more: the round stops once it
-    has enough, see `_tokenized`). A stream that has no tokens yet is expected at its share of the tokens
-    read."""
-    if not read:
-        return first
+def _first_bytes(need: dict[str, int], rule: HeldOutRule) -> int:
+    """The text a source's first round reads: enough for its slower stream at MIN_BYTES_PER_TOKEN. Most
+    text has more bytes per token, so one round usually does, and it stops once it has enough
+    (`_tokenized`): reading the text in one Ray Data execution rather than two costs one start-up, and
+    keeps every core busy from the first task to the last."""
+    share = {"train": 1 - rule.probability, "val": rule.probability}
+    return math.ceil(MIN_BYTES_PER_TOKEN * max(need[split] / share[split] for split in SPLITS))
+
+
+def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule) -> int:
+    """A later round reads as many units as a source's slower stream's token rate says are still missing
+    (and a quarter more: the round stops once it has enough, see `_tokenized`). A stream that has no
+    tokens yet is expected at its share of the tokens read."""
     total = sum(_tokens(read, split) for split in SPLITS)
     share = {"train": 1 - rule.probability, "val": rule.probability}
     per_unit = {split: max(_tokens(read, split) or share[split] * total, 1) / len(read) for split in SPLITS}
