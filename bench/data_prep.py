@@ -4,9 +4,10 @@ On a corpus built here (rayb's embedded edu source: no hub; about 1.45 KB a docu
 are about 260 MB of text), for each token budget, in one run on this machine's cores:
 - rayb: `prepare_data` into a fresh cache (tokenize, hold out, pack, place, write, held-out record), with
   the study's tokenizer already trained and Ray already started, so only the per-corpus work is timed;
-- bare: one process reads the same documents (the ones rayb tokenized: a prefix of the corpus) from the
-  same parquet and tokenizes them with `encode_batch` (the Rust tokenizer uses every core), nothing else;
-- the ratio, and how far the driver's resident memory rose during rayb's preparation (sampled every
+- bare: one process reads the same parquet in order and tokenizes it with `encode_batch` (the Rust
+  tokenizer uses every core) until the training and validation streams have the budget's tokens: the
+  fewest documents any preparation must tokenize, and nothing else;
+- the ratio of the wall-clocks (rayb's includes any documents it read beyond that), and how far the driver's resident memory rose during rayb's preparation (sampled every
   20 ms): tokens never pass through the driver, so it should not grow with the budget;
 - where rayb's time went: the wall-clock of each stage, and inside the tokenize stage the seconds its
   tasks spent reading parquet, drawing the held-out split, tokenizing, packing into streams and writing
@@ -50,19 +51,24 @@ def data_spec(docs: int, token_budget: int, seq_len: int, vocab: int):
     return parse_study(raw).data
 
 
-def bare_encode(paths: list[str], tokenizer_dir: Path, docs: int) -> tuple[float, int]:
-    """Read the first `docs` documents and tokenize them in this process: (seconds, tokens, EOS included)."""
+def bare_encode(paths: list[str], tokenizer_dir: Path, spec) -> tuple[float, int, int]:
+    """The floor: read documents in order and tokenize them in this process until the training and the
+    validation stream hold the tokens the budget asks for: (seconds, documents, tokens with EOS)."""
     began = time.perf_counter()
     tokenizer = _fast_tokenizer((tokenizer_dir / "tokenizer.json").read_text())
-    tokens, left = 0, docs
+    need = {False: spec.train_rows * spec.seq_len, True: spec.val_rows * spec.seq_len}
+    have, docs = {False: 0, True: 0}, 0
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=2000, columns=["text"]):
-            texts = batch.column(0).to_pylist()[:left]
-            tokens += sum(len(e.ids) + 1 for e in tokenizer.encode_batch(texts, add_special_tokens=False))
-            left -= len(texts)
-            if not left:
-                return time.perf_counter() - began, tokens
-    raise ValueError(f"the corpus has fewer than {docs} documents")
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=500, columns=["text"]):
+            texts = batch.column(0).to_pylist()
+            for text, encoding in zip(
+                texts, tokenizer.encode_batch(texts, add_special_tokens=False), strict=True
+            ):
+                have[spec.held_out.held(text)] += len(encoding.ids) + 1
+            docs += len(texts)
+            if all(have[h] >= need[h] for h in need):
+                return time.perf_counter() - began, docs, sum(have.values())
+    raise ValueError("the corpus is too small for the budget")
 
 
 def measure(spec, root: Path) -> dict:
@@ -72,10 +78,11 @@ def measure(spec, root: Path) -> dict:
         cache = prepare_data(spec, root, progress=lambda line: print("  rayb", line))
         rayb_s = time.perf_counter() - began
     stages = cache.manifest["build_stages"]
-    bare_s, tokens = bare_encode(paths, cache.tokenizer_dir, stages["tokenize"]["docs"])
+    bare_s, bare_docs, bare_tokens = bare_encode(paths, cache.tokenizer_dir, spec)
     shutil.rmtree(cache.path)  # the next budget starts from nothing but the corpus and its tokenizer
-    return {"budget": spec.token_budget, "docs": stages["tokenize"]["docs"], "tokens": tokens,
-            "rayb_s": rayb_s, "bare_s": bare_s, "driver_rise_mb": rise.mb, "stages": stages}  # fmt: skip
+    return {"budget": spec.token_budget, "docs": stages["tokenize"]["docs"], "tokens": stages["tokenize"]["tokens"],
+            "rayb_s": rayb_s, "bare_docs": bare_docs, "bare_tokens": bare_tokens, "bare_s": bare_s,
+            "driver_rise_mb": rise.mb, "stages": stages}  # fmt: skip
 
 
 class RssRise:
@@ -103,13 +110,13 @@ class RssRise:
 def print_table(rows: list[dict], cores: int, corpus_mb: float) -> None:
     print(f"\nData preparation on {cores} cores from a {corpus_mb:,.0f} MB corpus "
           "(rayb: Ray Data tasks; bare: encode_batch in one process, same documents)")  # fmt: skip
-    print(f"{'budget':>11} {'docs':>8} {'tokens':>11} {'rayb s':>7} {'rayb tok/s':>11} {'bare s':>7} "
-          f"{'bare tok/s':>11} {'rayb/bare':>9} {'driver +MB':>10}")  # fmt: skip
+    print(f"{'budget':>11} {'rayb docs':>9} {'rayb tokens':>11} {'rayb s':>7} {'rayb tok/s':>11} "
+          f"{'bare docs':>9} {'bare tokens':>11} {'bare s':>7} {'bare tok/s':>11} {'rayb/bare':>9} {'driver +MB':>10}")  # fmt: skip
     for r in rows:
         print(
-            f"{r['budget']:>11,} {r['docs']:>8,} {r['tokens']:>11,} {r['rayb_s']:>7.2f} "
-            f"{r['tokens'] / r['rayb_s']:>11,.0f} {r['bare_s']:>7.2f} {r['tokens'] / r['bare_s']:>11,.0f} "
-            f"{r['rayb_s'] / r['bare_s']:>8.2f}x {r['driver_rise_mb']:>10.1f}"
+            f"{r['budget']:>11,} {r['docs']:>9,} {r['tokens']:>11,} {r['rayb_s']:>7.2f} "
+            f"{r['tokens'] / r['rayb_s']:>11,.0f} {r['bare_docs']:>9,} {r['bare_tokens']:>11,} {r['bare_s']:>7.2f} "
+            f"{r['bare_tokens'] / r['bare_s']:>11,.0f} {r['rayb_s'] / r['bare_s']:>8.2f}x {r['driver_rise_mb']:>10.1f}"
         )
     print("\nrayb's time split: stage wall-clock s | inside tokenize, task-seconds per part")
     print(
@@ -136,9 +143,12 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[7_500_000, 30_000_000])
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument(
+        "--work", type=Path, help="keep the corpus and tokenizer here (default: a temporary dir)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rayb-data-bench-") as work:
-        root = Path(work)
+        root = args.work or Path(work)
         runtime.init_ray(root / "ray-driver.log")  # Ray's own log off the terminal, as `rayb data prepare`
         cores = runtime.compute_cores(False)
         specs = [data_spec(args.docs, budget, args.seq_len, args.vocab) for budget in args.budgets]
