@@ -361,13 +361,24 @@ def data_prepare(
             "--output", "-o", help="output directory or s3://, gs://... URI (default: the study's output_dir)"
         ),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show Ray's own logs here too (else they go to a file)")
+    ] = False,
 ) -> None:
     """Fetch and cache everything the study reads (run where the hub is reachable): the packed-token
-    cache, named eval corpora, pretrained checkpoints and lm-eval task data."""
+    cache, named eval corpora, pretrained checkpoints and lm-eval task data. Prints a line per stage of
+    the data build and one per item; Ray's own log goes to the study's log file (-v: here)."""
     from rayb.data.prepare import prepare_study
+    from rayb.study import RAY_LOG, study_directory
 
     study = _load(study_file)
-    results = prepare_study(study, output or study.output_dir)
+    ray_log = None if verbose else storage.writable(study_directory(study, output)) / RAY_LOG
+    results = prepare_study(
+        study,
+        output or study.output_dir,
+        log=lambda msg: console.print(f"[dim]rayb data[/dim] {escape(msg)}", highlight=False),
+        ray_log=ray_log,
+    )
     for item in results:
         mark = "[green]ok[/green]" if item.ok else "[red]missing[/red]"
         console.print(f"{mark} {escape(item.item)}: {escape(item.detail)}", highlight=False)

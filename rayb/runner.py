@@ -33,7 +33,15 @@ from rayb.lock import study_lock, trial_claims
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
 from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
-from rayb.study import PRIMARY_SUITE, Study, StudyError, StudyFailed, load_study
+from rayb.study import (
+    PRIMARY_SUITE,
+    RAY_LOG,
+    Study,
+    StudyError,
+    StudyFailed,
+    load_study,
+    study_directory,
+)
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
@@ -168,14 +176,6 @@ def materialise_pretrained(trial: TrialSpec) -> str | None:
     return None
 
 
-def study_directory(study: Study, output: Path | str | None = None) -> str:
-    """Where a study's results, report and logs go: named by its hash, under the output directory (a
-    local path or a URI)."""
-    return storage.join(
-        storage.resolve(output or study.output_dir), "studies", f"{study.name}-{study.fingerprint()}"
-    )
-
-
 def run_study(
     study: Study,
     output: Path | str | None = None,
@@ -214,7 +214,7 @@ def run_study(
             raise StudyError(f"train: {why}")
         stages.end("ray_start")
         log("preparing data (tokenize, pack, mix) ...")
-        cache = prepare_data(study.data, storage.join(out, "cache"), log)
+        cache = prepare_data(study.data, storage.join(out, "cache"), progress=log)
         stages.end("data")
         if study.data.vocab_size is not None and study.data.vocab_size != cache.manifest["vocab_size"]:
             raise StudyError(
@@ -388,7 +388,6 @@ def _seed_counts(trials: list[TrialSpec]) -> str:
     return ", ".join(f"{model} {len(seeds)}" for model, seeds in counts.items())
 
 
-RAY_LOG = "logs/ray-driver.log"  # Ray's driver-side log records, when they are kept off the terminal
 TIMINGS = "timings.json"  # where this run's wall-clock went, stage by stage (bench/overhead.py reads it)
 
 

@@ -57,8 +57,9 @@ def init_ray(ray_logs: Path | None = None) -> None:
 
 
 def _quiet_driver(log_file: Path) -> None:
-    """Ray's driver-side log records into `log_file` rather than the terminal, and Ray Data's progress
-    bars off. Ray's loggers keep their own files (Ray Data's ray-data.log in the session logs)."""
+    """Ray's driver-side log records (Ray Data's included) into `log_file` rather than the terminal, and
+    Ray Data's progress bars off. Ray's loggers keep their own files (Ray Data's ray-data.log in the
+    session logs)."""
     import logging
 
     from ray.data import DataContext  # importing Ray Data sets up its loggers: reroute them after
@@ -71,10 +72,14 @@ def _quiet_driver(log_file: Path) -> None:
     ]
     for logger in ray_loggers:
         for handler in list(logger.handlers):
-            if not isinstance(handler, logging.FileHandler):
+            # Handlers that write to a terminal go; Ray's own files (Ray Data's session file) stay.
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 logger.removeHandler(handler)
-    ray_loggers[0].addHandler(to_file)
     ray_loggers[0].propagate = False
+    # "ray", and the loggers that do not pass their records up to it (Ray Data's "ray.data").
+    for logger in ray_loggers:
+        if logger is ray_loggers[0] or (not logger.propagate and logger.handlers):
+            logger.addHandler(to_file)
     DataContext.get_current().enable_progress_bars = False
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rayb import storage
 from rayb.analysis.spec import SeedRoundsSpec, VerdictSpec, significance_rule
 from rayb.data.spec import DataSpec
 from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, parse_suite
@@ -301,6 +302,17 @@ def _check_study_ref(ref) -> str | None:
     if ref.model not in labels:
         return f"'{ref.source}': study {study.name} trains no model '{ref.model}'; it trains {labels}"
     return None
+
+
+RAY_LOG = "logs/ray-driver.log"  # Ray's driver-side log records, when they are kept off the terminal
+
+
+def study_directory(study: Study, output: Path | str | None = None) -> str:
+    """Where a study's results, report and logs go: named by its hash, under the output directory (a
+    local path or a URI)."""
+    return storage.join(
+        storage.resolve(output or study.output_dir), "studies", f"{study.name}-{study.fingerprint()}"
+    )
 
 
 def check_output_dir(path: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -121,3 +123,33 @@ def test_the_held_out_record_is_rebuilt_from_its_documents_and_must_match_val_bi
     tampered[5] += 1
     with pytest.raises(ValueError, match="differ from the rows packed into val.bin"):
         rebuild(tampered)
+
+
+def test_data_prepare_prints_a_line_per_stage_and_sends_ray_data_to_the_log(ray_session, tmp_path):
+    """`rayb data prepare`, as a user runs it (its own process, here on the suite's Ray): a line per stage
+    of the build and a summary, in a few lines; Ray Data's own log in the study's log file, not here."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+    import yaml
+
+    from rayb.study import RAY_LOG, study_directory
+
+    raw = tiny_study_dict(output_dir=str(tmp_path / "out"))
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    env.pop("RAY_DATA_DISABLE_PROGRESS_BARS")  # a user's shell: the console must stay quiet on its own
+    done = subprocess.run([sys.executable, "-m", "rayb.cli", "data", "prepare", str(tmp_path / "study.yaml")],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    lines = output.splitlines()
+    assert len(lines) < 15, output
+    for stage in ("tokenizer: bpe:512", "tokenize: ", "place: ", "held-out record: "):
+        assert any(line.startswith(f"rayb data {stage}") for line in lines), (stage, output)
+    assert any(line.startswith("ok data (tokenize, pack, mix): ") and " rows of 32 tokens " in line
+               for line in lines), output  # fmt: skip
+    log = (Path(study_directory(parse_study(raw))) / RAY_LOG).read_text()
+    assert "ray.data" in log and "Dataset" in log, log[-2000:]

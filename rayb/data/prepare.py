@@ -23,9 +23,13 @@ class Prepared:
     detail: str
 
 
-def prepare_study(study: Study, output: Path | str, log: Callable[[str], None] = print) -> list[Prepared]:
+def prepare_study(
+    study: Study, output: Path | str, log: Callable[[str], None] = print, ray_log: Path | None = None
+) -> list[Prepared]:
+    """Fetch every item; `log` is told each stage of the data build as it ends. With `ray_log`, Ray's own
+    output (Ray Data's execution log included) goes to that file rather than the terminal."""
     return [
-        _attempt("data (tokenize, pack, mix)", lambda: _data(study, output)),
+        _attempt("data (tokenize, pack, mix)", lambda: _data(study, output, log, ray_log)),
         *(_attempt(f"corpus {name}", lambda n=name: _corpus(n)) for name in _corpora(study)),
         *(_attempt(f"pretrained {s}", lambda s=s: _checkpoint(s)) for s in _hub_checkpoints(study)),
         *(_attempt(f"lm_eval {t}", lambda t=t: _lm_eval_task(t)) for t in _lm_eval_tasks(study)),
@@ -39,14 +43,20 @@ def _attempt(item: str, fetch: Callable[[], str]) -> Prepared:
         return Prepared(item, False, f"{type(exc).__name__}: {exc}")
 
 
-def _data(study: Study, output: Path | str) -> str:
+def _data(study: Study, output: Path | str, log: Callable[[str], None], ray_log: Path | None) -> str:
     from rayb import runtime, storage
     from rayb.data.pipeline import prepare_data
 
-    runtime.init_ray()
-    cache = prepare_data(study.data, storage.join(storage.resolve(output), "cache"))
-    manifest = cache.manifest
-    return f"{manifest['train_rows'] + manifest['val_rows']:,} rows of {manifest['seq_len']} tokens at {cache.path}"
+    runtime.init_ray(ray_log)
+    if ray_log is not None:
+        log(f"Ray's own logs: {ray_log} (driver) and {runtime.session_logs()} (workers); -v shows them here")
+    cache = prepare_data(study.data, storage.join(storage.resolve(output), "cache"), progress=log)
+    m = cache.manifest
+    return (
+        f"{m['train_rows']:,} training and {m['val_rows']:,} validation rows of {m['seq_len']} tokens "
+        f"({(m['train_rows'] + m['val_rows']) * m['seq_len'] / 1e6:,.1f}M tokens, {m['vocab_size']:,}-token "
+        f"vocabulary) at {cache.path}"
+    )
 
 
 def _suites(study: Study, family: str) -> list[str]:
