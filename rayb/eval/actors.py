@@ -11,6 +11,7 @@ is recorded as that evaluation's error, like a failing benchmark, and the study 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import traceback
@@ -195,6 +196,7 @@ class EvalPool:
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
+    LOOK_S = 5.0  # how often the pool asks whether worker groups wait for resources
 
     def __init__(
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
@@ -210,6 +212,7 @@ class EvalPool:
         self._running: dict = {}  # result ref -> (actor, GPU share, job, when it was handed over)
         self._attempts: dict[str, int] = {}  # job's result file -> runs that lost their actor
         self._standing = 0  # CPU actors that may live without a job
+        self._looked, self._waiting = -math.inf, False  # when the pool last asked, and whether groups waited
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
@@ -224,7 +227,8 @@ class EvalPool:
                         self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
                     for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
                         queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
-                self._standing = max(0, min(int(self.spare_cpus() // self.threads), self.num_actors))
+                spare = 0 if self._groups_wait() else int(self.spare_cpus() // self.threads)
+                self._standing = max(0, min(spare, self.num_actors))
                 self._start_actors(more)
                 if not self._running:
                     if not more:
@@ -278,6 +282,18 @@ class EvalPool:
         )
         self._queues[gpus].insert(0, job)
         return job, None
+
+    def _groups_wait(self) -> bool:
+        """Whether a worker group on the cluster waits for resources (a placement group pending): then no
+        actor stands by idle. The spare CPUs are counted for this study alone; another study on the same
+        cluster, or a group that lost a node, may need them, and an idle actor would hold them forever."""
+        import ray
+
+        if time.monotonic() - self._looked >= self.LOOK_S:
+            self._looked = time.monotonic()
+            table = ray.util.placement_group_table().values()
+            self._waiting = any(group["state"] == "PENDING" for group in table)
+        return self._waiting
 
     def _start_actors(self, more: bool) -> None:
         """Give each queued job an idle actor, or start one, up to `num_actors` per GPU share; then stop
