@@ -134,6 +134,17 @@ def s3_bucket(s3_server, monkeypatch, request):
     return name
 
 
+@pytest.fixture
+def mirror(tmp_path, monkeypatch):
+    """This node's mirror of object storage, private to the test (rayb/storage.py)."""
+    from rayb import storage
+
+    monkeypatch.setenv(storage.MIRROR_ENV, str(tmp_path / "mirror"))
+    storage.mirror_root.cache_clear()
+    yield tmp_path / "mirror"
+    storage.mirror_root.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def ray_session(s3_server):
     """The suite's one local Ray. Its processes reach the loopback S3 server as a cluster's nodes reach

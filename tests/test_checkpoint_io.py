@@ -6,19 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from rayb import storage
 from rayb.train import loop
-
-
-@pytest.fixture
-def mirror(tmp_path, monkeypatch):
-    monkeypatch.setenv(storage.MIRROR_ENV, str(tmp_path / "mirror"))
-    storage.mirror_root.cache_clear()
-    yield tmp_path / "mirror"
-    storage.mirror_root.cache_clear()
-
 
 # A two-rank ZeRO checkpoint as DeepSpeed 0.19.8 and rayb write it (fp32 and bf16 shard names alike).
 TAG = "k-step8"

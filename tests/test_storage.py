@@ -16,14 +16,6 @@ from rayb.models import build_model
 from rayb.models.registry import get_arch
 
 
-@pytest.fixture
-def mirror(tmp_path, monkeypatch):
-    monkeypatch.setenv(storage.MIRROR_ENV, str(tmp_path / "mirror"))
-    storage.mirror_root.cache_clear()
-    yield tmp_path / "mirror"
-    storage.mirror_root.cache_clear()
-
-
 @pytest.fixture(params=["local", "s3"])
 def root(request, tmp_path, mirror):
     if request.param == "local":
