@@ -81,9 +81,12 @@ def prepare_data(
     out = storage.join(cache_root, "data", key)
     if cache := _built(out):
         return cache
-    lock = storage.join(cache_root, "data", f"{key}.lock.json")
+    units = [Units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
+    for source in units:  # the first shard of each is checked before anything is built or locked
+        bool(source)
+    lock = storage.join(cache_root, "locks", f"data-{key}.json")
     with waiting_lock(lock, "another run's data cache", progress or print):
-        return _built(out) or _build(spec, resolved, key, out, work_root, progress)
+        return _built(out) or _build(spec, resolved, units, key, out, work_root, progress)
 
 
 def _built(out: str) -> TokenCache | None:
@@ -95,15 +98,13 @@ def _built(out: str) -> TokenCache | None:
 def _build(
     spec: DataSpec,
     resolved: dict,
+    units: list[Units],
     key: str,
     out: str,
     work_root: Path,
     progress: Callable[[str], None] | None,
 ) -> TokenCache:
     log = BuildLog(progress or (lambda line: None))
-    units = [Units(i, resolved[s.name], s.text_column) for i, s in enumerate(spec.sources)]
-    for source in units:  # the first shard of each is checked before anything is built
-        bool(source)
     tokenizer_dir = _tokenizer(spec, resolved, work_root)
     log.done("tokenizer", detail=spec.tokenizer)
     build = storage.writable(out)
