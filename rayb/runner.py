@@ -15,6 +15,7 @@ import math
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from rayb.study import (
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
-from rayb.tune.packs import Capacity, left_free, pack_trials, trial_slots, unfittable
+from rayb.tune.packs import Capacity, left_free, trial_slots, unfittable, worker_pool
 
 
 @dataclass
@@ -192,7 +193,7 @@ def run_study(
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
-    from rayb.tune.sweep import run_packs
+    from rayb.tune.sweep import run_pool
 
     began = time.perf_counter()
     out = storage.resolve(output or study.output_dir)
@@ -261,13 +262,13 @@ def run_study(
 
         def train(trials_to_train: list[TrialSpec]) -> None:
             nonlocal trained, groups
-            if not (packs := _packs(trials_to_train, slots, cores)):
+            if not (pool := worker_pool([t for t in trials_to_train if t.arch != PRETRAINED_ARCH], slots, cores)):
                 return
-            trained += sum(len(p.pending) for p in packs)
-            at_once = min(slots, len(packs))
+            trained += len({t.key for g in pool for t in g.trials})
+            at_once = min(slots, len(pool))
             groups = max(groups, at_once)
-            feed.packs, feed.slots = packs, slots
-            errors.update(run_packs(packs, storage.join(out, "ray", "tune"), at_once, study_dir))
+            feed.pool, feed.slots = pool, slots
+            errors.update(run_pool(pool, storage.join(out, "ray", "tune"), at_once, study_dir))
 
         with (
             tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,
@@ -334,12 +335,6 @@ def train_claimed(
             )
             said = set(elsewhere)
         time.sleep(lock.WAIT_S)
-
-
-def _packs(trials: list[TrialSpec], slots: int, cores: int) -> list:
-    return [
-        p for p in pack_trials([t for t in trials if t.arch != PRETRAINED_ARCH], slots, cores) if p.pending
-    ]
 
 
 def adaptive_wanted(study: Study, trials: list[TrialSpec]) -> list[TrialSpec]:
@@ -452,20 +447,23 @@ class FinishedTrials:
     def __init__(self, study: Study, trials: list[TrialSpec], capacity: Capacity):
         self.study, self.waiting, self.capacity = study, list(trials), capacity
         self.training_over = threading.Event()
-        self.packs: list[TrialPack] = []  # the round of packs training now, run `slots` at a time
+        self.pool: list[TrialPack] = []  # the worker groups training now, run `slots` at a time
         self.slots = 0
 
     def spare_cpus(self) -> float:
-        """CPUs that no worker group of this round can use, now or later: the unfinished packs' groups
-        (as many as run at once) hold theirs. Only for a CPU study on one node, where a count is exact:
-        actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
+        """CPUs that no worker group of this round can use, now or later: the groups that still have a
+        trial to train (as many as run at once) hold theirs. Only for a CPU study on one node, where a count
+        is exact: actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
         if self.study.train.use_gpu or len(self.capacity.nodes) != 1:
             return 0.0
         waiting = {t.key for t in self.waiting}
-        unfinished = sum(any(t.key in waiting for t in p.trials) for p in self.packs)
-        if not unfinished:  # between rounds and once training is over, no actor need wait
+        groups = Counter(group.queue for group in self.pool)  # each queue's groups
+        queues = {group.queue: group.trials for group in self.pool}
+        # A queue's groups go on while it has trials, but no more of them than it has unfinished trials.
+        busy = sum(min(count, sum(t.key in waiting for t in queues[q])) for q, count in groups.items())
+        if not busy:  # between rounds and once training is over, no actor need wait
             return 0.0
-        return left_free(self.study.train, self.capacity, min(self.slots, unfinished))["CPU"]
+        return left_free(self.study.train, self.capacity, min(self.slots, busy))["CPU"]
 
     def __call__(self) -> tuple[list[EvalJob], bool]:
         from rayb.eval.actors import evaluation_jobs

@@ -13,7 +13,7 @@ from conftest import tiny_study_dict
 from rayb.runner import plan_trials
 from rayb.study import parse_study
 from rayb.train.trial import TrialPack
-from rayb.tune.sweep import ClusterWatch, run_packs
+from rayb.tune.sweep import ClusterWatch, run_pool
 
 pytestmark = pytest.mark.ray
 CPUS = os.cpu_count() or 1
@@ -48,7 +48,7 @@ def test_a_worker_group_waits_for_resources_longer_than_ray_trains_start_timeout
     release = threading.Timer(8 * 2, ray.kill, args=(holder,))
     release.start()
     began = time.monotonic()
-    errors = run_packs([pack], tmp_path / "tune", 1)
+    errors = run_pool([pack], tmp_path / "tune", 1)
     release.join()
     assert errors == {}
     assert pack.trials[0].done and time.monotonic() - began > 16
@@ -61,7 +61,7 @@ def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_ca
     pack = _pack(tiny_cache, tmp_path, CPUS + 1)
     study_dir = tmp_path / "study"
     study_dir.mkdir()
-    errors = run_packs([pack], tmp_path / "tune", 1, str(study_dir))
+    errors = run_pool([pack], tmp_path / "tune", 1, str(study_dir))
     (error,) = errors.values()
     assert f"the sweep stopped: a trial needs {CPUS + 1} CPU" in error and "no autoscaler" in error
     assert not pack.trials[0].done

@@ -1,4 +1,4 @@
-"""Which trials share a worker group, and how many groups train at once (pure logic, no Ray)."""
+"""Which trials share a worker group of the pool, and how many groups train at once (pure logic, no Ray)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from rayb.tune.packs import (
     groups_fitting,
     left_free,
     one_node,
-    pack_trials,
     split_groups,
     trial_slots,
     unfittable,
+    worker_pool,
 )
 
 
@@ -34,19 +34,24 @@ def _trials(models=("gpt2", "mamba"), lrs=(3e-3,), seeds=(0, 1, 2), **train) -> 
 
 
 def test_every_model_seed_and_learning_rate_shares_one_worker_group():
-    (pack,) = pack_trials(_trials(lrs=(1e-3, 3e-3)), slots=1, cores=2)
-    assert [t.key for t in pack.trials] == [f"{m}-{lr}-{s}" for m in ("gpt2", "mamba") for lr in (1e-3, 3e-3)
-                                            for s in (0, 1, 2)]  # fmt: skip
-    assert pack.threads == 2  # one group at a time has both cores
+    (group,) = worker_pool(_trials(lrs=(1e-3, 3e-3)), slots=1, cores=2)
+    assert [t.key for t in group.trials] == [f"{m}-{lr}-{s}" for m in ("gpt2", "mamba") for lr in (1e-3, 3e-3)
+                                             for s in (0, 1, 2)]  # fmt: skip
+    assert group.threads == 2  # one group at a time has both cores
 
 
-def test_packs_split_only_to_fill_idle_slots():
-    assert [len(p.trials) for p in pack_trials(_trials(), slots=2, cores=2)] == [3, 3]
-    assert [len(p.trials) for p in pack_trials(_trials(), slots=4, cores=8)] == [2, 2, 1, 1]
-    assert [len(p.trials) for p in pack_trials(_trials(), slots=100, cores=2)] == [1] * 6
-    one_model = pack_trials(_trials(models=("gpt2",)), slots=2, cores=2)
-    assert [[t.seed for t in p.trials] for p in one_model] == [[0, 1], [2]]
-    assert {p.threads for p in one_model} == {1}  # two groups at once share the two cores
+def test_a_shape_gets_groups_to_fill_idle_slots_and_they_share_its_queue():
+    assert [g.group for g in worker_pool(_trials(), slots=2, cores=2)] == [0, 1]
+    assert [g.group for g in worker_pool(_trials(), slots=100, cores=2)] == [0, 1, 2, 3, 4, 5]
+    one_model = worker_pool(_trials(models=("gpt2",)), slots=2, cores=2)
+    assert [[t.seed for t in g.trials] for g in one_model] == [[0, 1, 2], [0, 1, 2]]  # one queue, two groups
+    assert len({g.queue for g in one_model}) == 1 and len({g.run_name for g in one_model}) == 2
+    assert {g.threads for g in one_model} == {1}  # two groups at once share the two cores
+    # Two queues, of 3 trials and of a user's model's 1, on 4 slots: groups go where the queue is longest.
+    (gpt2,) = _trials(models=("gpt2",), seeds=(0,))
+    mine = TrialSpec(**{**gpt2.__dict__, "key": "mine", "model": "mine", "arch": "my_models:build"})
+    shapes = [len(g.trials) for g in worker_pool(_trials(models=("mamba",)) + [mine], slots=4, cores=4)]
+    assert shapes == [3, 3, 3, 1]
     assert split_groups([[1, 2, 3, 4, 5]], 3) == [[1, 2], [3, 4], [5]]
     # Further cuts go where the packs are largest, so no model's packs run far longer than another's.
     assert [len(p) for p in split_groups([[0] * 10, [1] * 10, [2] * 10], 8)] == [4, 3, 3, 4, 3, 3, 5, 5]
@@ -60,17 +65,19 @@ def test_trials_that_need_another_worker_group_or_run_a_users_model_train_apart(
     )
     mine = [TrialSpec(**{**gpt2.__dict__, "key": f"mine-{s}", "model": "mine", "arch": "my_models:build", "seed": s})
             for s in (0, 1)]  # fmt: skip
-    packs = pack_trials([gpt2, mine[0], wide, two_workers, mine[1]], slots=1, cores=1)
-    assert [[t.key for t in p.trials] for p in packs] == [[gpt2.key, "wide"], ["mine-0", "mine-1"], ["two"]]
+    pool = worker_pool([gpt2, mine[0], wide, two_workers, mine[1]], slots=1, cores=1)
+    assert [[t.key for t in g.trials] for g in pool] == [[gpt2.key, "wide"], ["mine-0", "mine-1"], ["two"]]
 
 
-def test_a_packs_run_name_is_stable_and_a_single_trial_keeps_its_own():
+def test_a_groups_run_name_is_stable_and_a_single_trial_keeps_its_own():
     trials = _trials(models=("gpt2",))
     assert TrialPack(tuple(trials)).run_name == TrialPack(tuple(_trials(models=("gpt2",)))).run_name
     assert TrialPack(tuple(trials)).run_name != TrialPack(tuple(trials[:2])).run_name
     assert TrialPack((trials[0],)).run_name == trials[0].run_name
-    pack = TrialPack(tuple(trials), threads=3)
-    assert TrialPack.from_dict(pack.to_dict()) == pack
+    assert TrialPack(tuple(trials), group=1).run_name == TrialPack(tuple(_trials(models=("gpt2",))), group=1).run_name
+    assert TrialPack(tuple(trials), group=1).run_name != TrialPack(tuple(trials), group=0).run_name
+    for pack in (TrialPack(tuple(trials), threads=3), TrialPack(tuple(trials), group=2)):
+        assert TrialPack.from_dict(pack.to_dict()) == pack
 
 
 def test_slots_come_from_devices_and_gpu_shares():
@@ -203,9 +210,10 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
     assert "4 groups at once (4 fit, 4 to a GPU)" in text
 
 
-def test_spare_cpus_are_those_no_unfinished_pack_can_use(tmp_path):
-    """On a 2-core node, two packs train at once: no CPU is spare until one pack has finished every
-    trial; one pack of one seed leaves a core spare from the start; none once training is over."""
+def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path):
+    """On a 2-core node, two groups share a queue of four trials: no CPU is spare while two trials are
+    unfinished; with one left, one group has ended and its core is spare; one group of one seed leaves a
+    core spare from the start; none once training is over."""
     import json
 
     from rayb.runner import FinishedTrials
@@ -215,8 +223,8 @@ def test_spare_cpus_are_those_no_unfinished_pack_can_use(tmp_path):
     trials = [replace(t, trial_dir=str(tmp_path / t.key)) for t in _trials(seeds=(0, 1))]
     one_node = Capacity(({"CPU": 2.0},))
     feed = FinishedTrials(study, trials, one_node)
-    feed.packs, feed.slots = pack_trials(trials, slots=2, cores=2), 2
-    first, second = feed.packs
+    feed.pool, feed.slots = worker_pool(trials, slots=2, cores=2), 2
+    assert len(feed.pool) == 2
 
     def finish(trial: TrialSpec) -> None:
         Path(trial.trial_dir).mkdir()
@@ -224,18 +232,33 @@ def test_spare_cpus_are_those_no_unfinished_pack_can_use(tmp_path):
         feed()
 
     assert feed.spare_cpus() == 0
-    finish(first.trials[0])
-    assert feed.spare_cpus() == 0  # the first pack still trains its second trial
-    finish(first.trials[1])
-    assert feed.spare_cpus() == 1
-    for trial in second.trials:
+    for trial in trials[:2]:
         finish(trial)
+        assert feed.spare_cpus() == 0  # both groups still have a trial to train
+    finish(trials[2])
+    assert feed.spare_cpus() == 1
+    finish(trials[3])
     assert feed.spare_cpus() == 0  # nothing trains: no actor need wait
 
     feed = FinishedTrials(study, trials[:1], one_node)
-    feed.packs, feed.slots = pack_trials(trials[:1], slots=2, cores=2), 2
+    feed.pool, feed.slots = worker_pool(trials[:1], slots=2, cores=2), 2
     assert feed.spare_cpus() == 1  # one seed on two cores
     two_nodes = Capacity(({"CPU": 2.0}, {"CPU": 2.0}))
     feed = FinishedTrials(study, trials[:1], two_nodes)
-    feed.packs, feed.slots = pack_trials(trials[:1], slots=4, cores=4), 4
+    feed.pool, feed.slots = worker_pool(trials[:1], slots=4, cores=4), 4
     assert feed.spare_cpus() == 0  # actors there could split what a group needs on one node
+
+
+def test_the_pools_queue_hands_each_trial_to_one_group_and_a_restarted_group_its_own_again():
+    from rayb.tune.sweep import TrialQueue
+
+    queue = TrialQueue({"gpt2": ["a", "b", "c"], "mine": ["m0", "m1"]})
+    assert queue.take("gpt2", "g0") == "a" and queue.take("gpt2", "g1") == "b"
+    assert queue.take("gpt2", "g0") == "a"  # restarted before it finished: its trial again, to resume
+    assert queue.take("gpt2", "g0", finished="a") == "c"
+    assert queue.take("gpt2", "g1", finished="b") is None  # the queue is empty: the group ends
+    assert queue.take("gpt2", "g0", finished="c") is None
+    # A group that fails for good takes its shape's waiting trials with it, and no other shape's.
+    assert queue.take("mine", "u0") == "m0"
+    assert queue.fail("mine", "u0") == ("m0", ["m1"])
+    assert queue.take("mine", "u0") is None and queue.fail("gpt2", "g0") == (None, [])

@@ -49,13 +49,13 @@ def _rank(rank: int, root: Path, results) -> None:
     import torch.distributed as dist
 
     from rayb.train.collectives import HostCollectives
-    from rayb.train.loop import _extra_metrics, remaining_trials
+    from rayb.train.loop import _extra_metrics, trials_to_train
 
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=2)
     if rank == 1:  # a stale listing: this rank sees no trial finished
         TrialSpec.done = property(lambda trial: False)
     comm = HostCollectives()
-    remaining = [t.key for t in remaining_trials(_pack(root), comm)]
+    remaining = [t.key for t in trials_to_train(_pack(root), comm, queue=None)]
     run = SimpleNamespace(engine=SimpleNamespace(module=_Model(rank)), comm=comm, rank=rank)
     results.put((rank, remaining, _extra_metrics(run)))
     dist.destroy_process_group()

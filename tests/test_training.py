@@ -23,6 +23,8 @@ from rayb.study import Study, parse_study
 from rayb.train.loop import METRICS
 from rayb.train.trainer import fit_pack
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
+from rayb.tune.packs import worker_pool
+from rayb.tune.sweep import run_pool
 
 pytestmark = pytest.mark.ray
 
@@ -133,15 +135,16 @@ def _train_workers() -> list[psutil.Process]:
 
 
 def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache, tmp_path):
-    """Two seeds in one worker group. SIGKILL a worker during the second: Ray Train restarts the group, which
-    skips the finished trial and resumes the second from its last checkpoint (weights, optimizer, schedule,
-    data position, RNG). Each ends exactly where a lone, uninterrupted trial of its seed ends."""
+    """Two seeds in one worker group of a study's pool. SIGKILL a worker during the second: Ray Train
+    restarts the group, which takes its trial from the pool's queue again and resumes it from its last
+    checkpoint (weights, optimizer, schedule, data position, RNG), leaving the finished one alone. Each ends
+    exactly where a lone, uninterrupted trial of its seed ends."""
     kill_at = random.randint(9, 20)  # once a checkpoint (step 8 or 16) of the second trial is registered
     study, reference_dir = runs[("gpt2", 1)]
     raw = tiny_study_dict(seeds=[1, 0])
     gpt2 = {t.seed: t for t in plan_trials(parse_study(raw), tiny_cache, tmp_path) if t.arch == "gpt2"}
-    pack = TrialPack((gpt2[1], gpt2[0]))
-    thread = threading.Thread(target=fit_pack, args=(pack,))
+    (pack,) = worker_pool([gpt2[1], gpt2[0]], slots=1, cores=2)
+    thread = threading.Thread(target=run_pool, args=([pack], tmp_path / "tune", 1))
     thread.start()
     log = Path(gpt2[0].trial_dir) / METRICS
     deadline = time.time() + 300

@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint."""
+    """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint; in the
+    worker pool, the trials this group takes from its queue (named by `config["queue"]`) until it is empty."""
     entered = time.time()
     pack = TrialPack.from_dict(config["pack"])
     began = time.perf_counter()
@@ -64,15 +65,43 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     comm = HostCollectives()
     # What the worker group cost to start, charged to the first trial it trains.
     costs = _start_costs(config, entered) | {"imports_s": time.perf_counter() - began}
-    for trial in remaining_trials(pack, comm):
+    for trial in trials_to_train(pack, comm, config.get("queue")):
         train_trial(trial, comm, costs)
         costs = {}
 
 
-def remaining_trials(pack: TrialPack, comm: HostCollectives) -> list[TrialSpec]:
-    """The pack's unfinished trials, as rank 0 sees them: every rank trains the same ones."""
-    remaining = comm.broadcast([t.key for t in pack.pending] if comm.rank == 0 else None)
-    return [t for t in pack.trials if t.key in remaining]
+def trials_to_train(pack: TrialPack, comm: HostCollectives, queue: str | None) -> Iterator[TrialSpec]:
+    """The trials this group trains, in order, as rank 0 takes them: the pack's unfinished ones, or with a
+    `queue` (the name of the pool's TrialQueue actor), one at a time from it, each once the last is done."""
+    if queue is None:
+        remaining = comm.broadcast([t.key for t in pack.pending] if comm.rank == 0 else None)
+        yield from (t for t in pack.trials if t.key in remaining)
+        return
+    by_key = {t.key: t for t in pack.trials}
+    taker = _Taker(queue, pack, by_key) if comm.rank == 0 else None
+    finished = None
+    while (key := comm.broadcast(taker.take(finished) if taker else None)) is not None:
+        yield by_key[key]
+        finished = key
+
+
+class _Taker:
+    """Rank 0's end of the pool's queue: the next unfinished trial for this group. A group restarted after a
+    failure is handed the trial it held again, to resume it; one that had finished by then is passed over."""
+
+    def __init__(self, queue: str, pack: TrialPack, by_key: dict[str, TrialSpec]):
+        import ray
+
+        self.queue, self.pack, self.by_key = ray.get_actor(queue), pack, by_key
+
+    def take(self, finished: str | None) -> str | None:
+        import ray
+
+        while (key := ray.get(self.queue.take.remote(self.pack.queue, self.pack.run_name, finished))) is not None:
+            if not self.by_key[key].done:
+                return key
+            finished = key
+        return None
 
 
 def _start_costs(config: dict[str, Any], entered: float) -> dict[str, float]:
@@ -222,9 +251,13 @@ def _run_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
 
 def _describe(checkpoint) -> dict[str, str]:
     """A checkpoint of this run, named relative to the storage path (the same URI from every node)."""
+    return {"run": _this_run(), "checkpoint": storage.name(checkpoint.path)}
+
+
+def _this_run() -> str:
     import ray.train
 
-    return {"run": ray.train.get_context().get_experiment_name(), "checkpoint": storage.name(checkpoint.path)}
+    return ray.train.get_context().get_experiment_name()
 
 
 def _tag_step(record: dict[str, str]) -> int:
@@ -464,6 +497,7 @@ def _finish(run: _Run, status: str, steps_done: int) -> None:
             "precision": run.train.resolved_precision,
             "device": run.engine.device.type,
             "kernels": run.kernels,
+            "worker_group": _this_run(),  # the Ray Train run that trained it (its last, after a resume)
             "timings": run.timings,
         },
     )

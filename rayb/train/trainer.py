@@ -1,4 +1,4 @@
-"""Ray Train: one TorchTrainer per pack of trials, named after the pack so a relaunch resumes it; and the
+"""Ray Train: one TorchTrainer per worker group, named after it so a relaunch resumes it; and the
 kernel probe and self-checks a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 
 def fit_pack(
-    pack: TrialPack, loop: Callable[[dict[str, Any]], None] = train_loop_per_worker, one_node: bool = True
+    pack: TrialPack,
+    loop: Callable[[dict[str, Any]], None] = train_loop_per_worker,
+    one_node: bool = True,
+    queue: str | None = None,
 ) -> None:
-    """Train a pack's trials on one worker group: on a single node where `one_node` (packs.one_node),
-    else across nodes. `loop` is the per-worker function (rayb's; a test may wrap it)."""
+    """Train a pack's trials on one worker group, or with a `queue` (the pool's TrialQueue actor, by name)
+    the trials the group takes from it: on a single node where `one_node` (packs.one_node), else across
+    nodes. `loop` is the per-worker function (rayb's; a test may wrap it)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -45,6 +49,7 @@ def fit_pack(
         # took to start (a worker on another node reports nothing: its clock is another machine's).
         train_loop_config={
             "pack": pack.to_dict(),
+            "queue": queue,
             "launched_at": time.time(),
             "launched_on": ray.get_runtime_context().get_node_id(),
         },

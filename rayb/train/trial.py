@@ -1,5 +1,6 @@
 """One trial: a (model, learning rate, seed) cell of a study, and where its outputs live; and a pack, the
-trials one Ray Train worker group trains one after another (see `rayb.tune.packs`)."""
+trials one Ray Train worker group trains one after another, or takes from the queue it shares with other
+groups of the study's worker pool (see `rayb.tune.packs`)."""
 
 from __future__ import annotations
 
@@ -52,11 +53,14 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class TrialPack:
-    """Trials that fit one worker group, trained in order by it: the group's start-up (its processes,
-    imports, process group) is paid once, and each trial still has its own files."""
+    """Trials that fit one worker group, trained by it one after another: the group's start-up (its
+    processes, imports, process group) is paid once, and each trial still has its own files. In the
+    study's worker pool (`group` set), the trials are a queue shared by every group of that shape, and
+    each group trains those it takes (tune/sweep.py's TrialQueue)."""
 
     trials: tuple[TrialSpec, ...]
     threads: int = 1  # torch threads per worker
+    group: int | None = None  # in the worker pool: this group's number among those sharing the queue
 
     @property
     def train(self) -> TrainSpec:
@@ -71,21 +75,28 @@ class TrialPack:
         return self.trials[0].storage_path
 
     @property
+    def queue(self) -> str:
+        """The name of the trials' queue, the same for every group that shares it."""
+        return digest([t.key for t in self.trials], length=12)
+
+    @property
     def run_name(self) -> str:
-        """The Ray Train run's name: stable across relaunches that pack the same trials, so the run finds its
-        latest checkpoint. A relaunch on a cluster of another size packs them differently: each trial then
-        finds its checkpoint through its own record of it (train/loop.py)."""
-        first = self.trials[0]
+        """The Ray Train run's name: stable across relaunches of the same group, so the run finds its latest
+        checkpoint. A relaunch that groups the trials differently (other trials pending, a cluster of
+        another size) resumes each trial through its own record of its checkpoint (train/loop.py)."""
+        if self.group is not None:
+            return f"pool-{self.queue}-{self.group}"
         if len(self.trials) == 1:
-            return first.run_name
-        return f"pack-{digest([t.key for t in self.trials], length=12)}"
+            return self.trials[0].run_name
+        return f"pack-{self.queue}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trials": [t.to_dict() for t in self.trials], "threads": self.threads}
+        return {"trials": [t.to_dict() for t in self.trials], "threads": self.threads, "group": self.group}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrialPack:
-        return cls(tuple(TrialSpec.from_dict(t) for t in values["trials"]), values["threads"])
+        trials = tuple(TrialSpec.from_dict(t) for t in values["trials"])
+        return cls(trials, values["threads"], values["group"])
 
 
 def read_metrics(location: Path | str) -> list[dict[str, Any]]:

@@ -1,23 +1,24 @@
-"""Which trials share a worker group: every trial that fits the same group, packed, split only to fill slots.
+"""Which trials share a worker group: the study's worker pool.
 
 Starting a trial on Ray costs a controller, a placement group, worker processes, their imports and a
-process group: seconds each, more than a small model's whole training. A pack (`TrialPack`) pays that
-once for trials that ask for the same worker group (workers, GPUs): a model's seeds and learning rates,
-and the other models of rayb's own architectures, since each trial builds its own model and engine.
-A user's model (named by import path) packs only with its own trials, so a bug in it stops no
-baseline. Packs are split only where whole packs would leave trial slots idle: their trials are cut
-into near-equal, in-order packs that run side by side.
+process group: seconds each, more than a small model's whole training. The pool pays that once per
+worker group: each group takes trials, one after another, from a queue of the trials that fit it (the
+same workers and GPUs: a model's seeds and learning rates, and the other models of rayb's own
+architectures, since each trial builds its own model and engine). A user's model (named by import path)
+has groups of its own, so a bug in it stops no baseline. A shape gets as many groups as fill the trial
+slots, in proportion to its trials; a group that finishes early takes the next trial, so none idles
+while another has a queue.
 
-Pure logic (no Ray): packs follow from the study's full trial list and the slot count alone, so a rerun
-on the same cluster rebuilds the same packs under the same Ray Train run names, and a pack killed
-mid-trial resumes that trial from its checkpoint.
+Pure logic (no Ray): the groups follow from the trials and the slot count alone (tune/sweep.py runs
+them); a relaunch resumes each unfinished trial from its own record of its checkpoint (train/loop.py),
+whichever group takes it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from rayb.models.registry import is_import_path
@@ -147,15 +148,22 @@ def unfittable(train: TrainSpec, capacity: Capacity) -> str | None:
 
 def split_groups(groups: list[list[T]], slots: int) -> list[list[T]]:
     """Cut groups into near-equal, in-order chunks until there are `slots` of them (or every chunk is one
-    item): each further cut goes to the group whose chunks are largest (the first of equals)."""
+    item)."""
     groups = [list(g) for g in groups if g]
-    cuts = [1] * len(groups)
+    cuts = _cuts([len(g) for g in groups], slots)
+    return [chunk for group, k in zip(groups, cuts, strict=True) for chunk in _chunks(group, k)]
+
+
+def _cuts(sizes: list[int], slots: int) -> list[int]:
+    """Into how many parts to cut groups of these sizes so that there are `slots` parts (or every part is one
+    item): each further cut goes to the group whose parts are largest (the first of equals)."""
+    cuts = [1] * len(sizes)
     while sum(cuts) < slots:
-        splittable = [i for i, g in enumerate(groups) if cuts[i] < len(g)]
+        splittable = [i for i, size in enumerate(sizes) if cuts[i] < size]
         if not splittable:
             break
-        cuts[max(splittable, key=lambda i: -(-len(groups[i]) // cuts[i]))] += 1
-    return [chunk for group, k in zip(groups, cuts, strict=True) for chunk in _chunks(group, k)]
+        cuts[max(splittable, key=lambda i: -(-sizes[i] // cuts[i]))] += 1
+    return cuts
 
 
 def _chunks(items: list[T], k: int) -> list[list[T]]:
@@ -164,14 +172,20 @@ def _chunks(items: list[T], k: int) -> list[list[T]]:
     return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def pack_trials(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
-    """Group `trials` by the worker group they need, in their order, and split the groups to fill `slots`.
-    The packs that run at once share `cores` among their workers as torch threads."""
-    groups: dict[str, list[TrialSpec]] = {}
+def worker_pool(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
+    """The worker groups that train `trials`: for each group shape, as many groups as cutting its trials to
+    fill `slots` would make, every one of them taking from the shape's whole queue (`TrialPack.group`).
+    The groups that run at once share `cores` among their workers as torch threads."""
+    shapes: dict[str, list[TrialSpec]] = {}
     for trial in trials:
-        groups.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
-    packs = split_groups(list(groups.values()), slots)
-    if not packs:
+        shapes.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
+    queues = list(shapes.values())
+    groups = [
+        TrialPack(tuple(queue), group=i)
+        for queue, count in zip(queues, _cuts([len(q) for q in queues], slots), strict=True)
+        for i in range(count)
+    ]
+    if not groups:
         return []
-    threads = max(1, cores // (min(slots, len(packs)) * packs[0][0].train.num_workers))
-    return [TrialPack(tuple(p), threads) for p in packs]
+    threads = max(1, cores // (min(slots, len(groups)) * trials[0].train.num_workers))
+    return [replace(g, threads=threads) for g in groups]

@@ -1,7 +1,8 @@
-"""Ray Tune: every pack of trials (trials that share a worker group, see packs.py) is one Tune trial.
+"""Ray Tune: every worker group of the study's pool (see packs.py) is one Tune trial.
 
-Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`), which trains
-the pack's trials one after another. Results are not taken from Tune: every trial writes its own files
+Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`), whose workers
+take the study's trials from a queue shared by every group of their shape (TrialQueue) and train them
+one after another until it is empty. Results are not taken from Tune: every trial writes its own files
 (see `rayb.train.trial`), so a crashed sweep loses nothing and a rerun trains only unfinished trials.
 """
 
@@ -9,7 +10,11 @@ from __future__ import annotations
 
 import time
 import traceback
+import uuid
+from collections import deque
 from pathlib import Path
+
+import ray
 
 from ray import tune
 
@@ -28,9 +33,33 @@ from rayb.tune.packs import one_node, unfittable
 DRIVER_RESOURCES = {"CPU": 0, "memory": 512 * 2**20}
 
 
-# A pack whose Tune actor is lost with its node is started again: its Train run resumes from its last
-# checkpoint on storage, and the pack's finished trials are skipped.
+# A worker group whose Tune actor is lost with its node is started again: it takes the trial it held
+# again and resumes it from its last checkpoint on storage.
 PACK_RESTARTS = 3
+
+
+class TrialQueue:
+    """The pool's trials still to train, a queue per group shape, and the trial each group holds: a group
+    restarted after a failure (Ray Train's restart of its workers, or Tune's of a group lost with its node)
+    is handed its trial again, to resume it. A Ray actor, named, on the driver's node."""
+
+    def __init__(self, queues: dict[str, list[str]]):
+        self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
+        self.held: dict[str, str] = {}  # {group (its run name): trial key}
+
+    def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
+        """The group's next trial (None once its queue is empty), after the one it `finished`."""
+        if finished is not None and self.held.get(group) == finished:
+            del self.held[group]
+        if group not in self.held and self.waiting[shape]:
+            self.held[group] = self.waiting[shape].popleft()
+        return self.held.get(group)
+
+    def fail(self, shape: str, group: str) -> tuple[str | None, list[str]]:
+        """A group that failed for good: the trial it held, and its shape's waiting trials, which go untrained
+        with it (as a user's model that crashes would crash in each of its trials)."""
+        waiting, self.waiting[shape] = list(self.waiting[shape]), deque()
+        return self.held.pop(group, None), waiting
 
 
 class ClusterWatch(tune.Stopper):
@@ -64,24 +93,28 @@ class ClusterWatch(tune.Stopper):
 
 
 def _trainable(config: dict) -> None:
-    """Train a pack. No metrics are reported to Tune (each trial writes its own, and Tune's handling of
-    every report cost seconds per pack), except a failed run's error: a failure Ray Train has already
-    retried is final, so it ends the Tune trial normally instead of raising, which Tune would retry."""
+    """Run one worker group of the pool. No metrics are reported to Tune (each trial writes its own, and
+    Tune's handling of every report cost seconds per group), except a failed run's: a failure Ray Train has
+    already retried is final, so it ends the Tune trial normally instead of raising, which Tune would retry,
+    naming the trials it leaves untrained."""
     from ray import tune
     from ray.train import TrainingFailedError
 
+    pack = TrialPack.from_dict(config["pack"])
     try:
-        fit_pack(TrialPack.from_dict(config["pack"]), one_node=config["one_node"])
+        fit_pack(pack, one_node=config["one_node"], queue=config["queue"])
     except TrainingFailedError as exc:
-        tune.report({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        held, waiting = ray.get(ray.get_actor(config["queue"]).fail.remote(pack.queue, pack.run_name))
+        error = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        tune.report(error | {"held": held, "waiting": waiting})
 
 
-def run_packs(
-    packs: list[TrialPack], storage_path: Path | str, max_concurrent: int, study_dir: str | None = None
+def run_pool(
+    groups: list[TrialPack], storage_path: Path | str, max_concurrent: int, study_dir: str | None = None
 ) -> dict[str, str]:
-    """Train the packs' unfinished trials; return {trial key: error message} for those that failed, whose
-    full traceback each failed trial's directory keeps (TRIAL_ERROR, for `rayb status` and the live view).
-    What the cluster is doing while trials wait goes to `study_dir` (see ClusterWatch)."""
+    """Train the groups' trials, `max_concurrent` groups at once; return {trial key: error message} for those that failed
+    or were left untrained, whose full traceback each one's directory keeps (TRIAL_ERROR, for `rayb status`
+    and the live view). What the cluster is doing while trials wait goes to `study_dir` (see ClusterWatch)."""
     import os
 
     from ray.tune.progress_reporter import TrialProgressCallback
@@ -96,18 +129,29 @@ def run_packs(
     # prints only through its progress callback, which NoProgress silences.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
-    train = packs[0].train
+    shapes = {g.queue: g.trials for g in groups}
+    trials = [t for queue in shapes.values() for t in queue]
+    for trial in trials:  # an earlier run's failure no longer stands
+        storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
+    name = f"rayb-trials-{uuid.uuid4().hex[:12]}"
+    queue = (
+        ray.remote(TrialQueue)
+        .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
+        .remote({shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()})
+    )
+    train = groups[0].train
     watch = ClusterWatch(train, study_dir)
     tuner = tune.Tuner(
         tune.with_resources(_trainable, DRIVER_RESOURCES),
         param_space={
-            "pack": tune.grid_search([p.to_dict() for p in packs]),
+            "pack": tune.grid_search([g.to_dict() for g in groups]),
+            "queue": name,
             "one_node": one_node(train, runtime.capacity()),
         },
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(
-            # Named by the set of packs: a rerun with other pending trials never collides.
-            name=f"sweep-{digest(sorted(t.key for p in packs for t in p.trials))}",
+            # Named by the set of trials: a rerun with other pending trials never collides.
+            name=f"sweep-{digest(sorted(t.key for t in trials))}",
             storage_path=str(storage_path),
             verbose=0,
             stop=watch,
@@ -115,21 +159,41 @@ def run_packs(
             failure_config=tune.FailureConfig(max_failures=PACK_RESTARTS),
         ),
     )
-    for trial in (t for p in packs for t in p.pending):  # an earlier run's failure no longer stands
-        storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
     errors: dict[str, str] = {}
-    for result in tuner.fit():
-        error, trace = (result.metrics or {}).get("error"), (result.metrics or {}).get("traceback")
-        if result.error is not None:
-            error = f"{type(result.error).__name__}: {result.error}"
-            trace = "".join(traceback.format_exception(result.error))
-        if error:  # the pack stopped: its unfinished trials failed with it
-            errors |= _record(TrialPack.from_dict(result.config["pack"]).pending, error, trace)
-    if watch.why is not None:  # trials the stopped sweep never finished, started or not
-        errors |= _record(
-            [t for p in packs for t in p.pending if t.key not in errors], f"the sweep stopped: {watch.why}"
-        )
-    return errors
+    try:
+        for result in tuner.fit():
+            errors |= _group_errors(result, queue, {t.key: t for t in trials})
+    finally:
+        ray.kill(queue)
+    why = f"the sweep stopped: {watch.why}" if watch.why else "not trained: its worker pool ended without it"
+    return errors | _record([t for t in trials if t.key not in errors and not t.done], why)
+
+
+def _group_errors(result, queue, trials: dict[str, TrialSpec]) -> dict[str, str]:
+    """The trials a failed group left untrained, with why: the one it held, its error, and its shape's
+    waiting ones, which it took down with it."""
+    metrics = result.metrics or {}
+    error, trace = metrics.get("error"), metrics.get("traceback")
+    held, waiting = metrics.get("held"), metrics.get("waiting", [])
+    if result.error is not None:  # its Tune actor was lost more often than PACK_RESTARTS
+        error = f"{type(result.error).__name__}: {result.error}"
+        trace = "".join(traceback.format_exception(result.error))
+        pack = TrialPack.from_dict(result.config["pack"])
+        held, waiting = ray.get(queue.fail.remote(pack.queue, pack.run_name))
+    if not error:
+        return {}
+    def untrained(keys: list[str]) -> list[TrialSpec]:
+        return [trials[k] for k in keys if not trials[k].done]
+
+    after = f"not trained: {held or 'a trial'} of its worker group failed first: {error}"
+    return _record(untrained([held] if held else []), error, trace) | _record(untrained(waiting), after, trace)
+
+
+def _this_node():
+    """Pinned to the driver's node, which outlives the nodes a cluster may lose."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def _record(trials: list[TrialSpec], error: str, trace: str | None = None) -> dict[str, str]:
