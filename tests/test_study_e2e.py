@@ -210,8 +210,8 @@ def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
         if not chunk:
             break
         screen += chunk
-    assert driver.wait(timeout=600) == 0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+    assert driver.wait(timeout=600) == 0, text[-3000:]
     assert "live: 2 trials (" in text and "2/2" in text  # the live table, redrawn as the trials ran
     assert re.search(r"gpt2\s+│\s+0\s+│\s+0\.003\s+│\s+\d+/24", text)  # a trial's row with its step
     tail = text[text.rindex("live: 2 trials") :]
