@@ -4,6 +4,7 @@ Run on a machine with a CUDA device (it refuses to run without one):
 
     python bench/gpu_check.py                     # 40 measured steps after 10 warm-up steps
     python bench/gpu_check.py --steps 100 --peak-tflops 989
+    python bench/gpu_check.py --pack-steps 1000 --measured-out mfu.json
 
 1. The kernel path every built-in architecture takes on this GPU (mamba-ssm, causal-conv1d, fla, or a
    slow PyTorch fallback) and what would make a slow one fast.
@@ -15,6 +16,14 @@ Run on a machine with a CUDA device (it refuses to run without one):
    Tokens/s is the median over the measured steps of each (rayb's from its own per-step log), and MFU is
    tokens/s × training FLOPs per token (rayb's accounting: 6N plus attention) / the GPU's bf16 peak.
    Targets: the bare loop ≥ 40% MFU; rayb ≥ 0.9× the bare loop's tokens/s.
+3. GPT-2 at 3.5M non-embedding parameters (`preset: gpt2-3.5m`) through rayb: one seed alone on the GPU,
+   then ten seeds packed on it (`train.gpus_per_trial: 0.1`), each run's training wall-clock from its
+   `timings.json`. Target: the ten in at most 3× one seed's wall.
+
+Beside each rayb MFU it prints the precision the trials trained in and the one their evaluations ran in
+(from the evaluation result files). It records the MFUs rayb reached (GPT-2 124M alone, 3.5M alone, and
+the ten packed: the GPU's MFU, all ten together) in the measurements file `rayb plan` prices models by
+(format: rayb/mfu.py; default ~/.config/rayb/measured_mfu.json, merged with what is there).
 
 The data is random words under a 50,257-word vocabulary, so the LM head is GPT-2's size; throughput does
 not depend on the text.
@@ -23,6 +32,7 @@ not depend on the text.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import tempfile
@@ -32,22 +42,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rayb.eval.actors import EVAL_DIR
+from rayb.mfu import Measurement, default_path, record_measurements
 from rayb.models.accounting import model_cost
 from rayb.models.presets import PRESETS
 from rayb.models.registry import available, get_arch
 from rayb.plan import PEAK_FLOPS
 
 SEQ, VOCAB = 1024, 50257
+SMALL, PACKED_SEEDS, PACKING_GOAL = "gpt2-3.5m", 10, 3.0  # ten packed seeds in ≤ 3× one seed's wall
 
 
-def peak_flops(override_tflops: float | None) -> float:
+def gpu_of(device: str) -> str | None:
+    """The `rayb plan --gpu` name a CUDA device's name contains, if any."""
+    return next((gpu for gpu in PEAK_FLOPS if gpu in device.lower()), None)
+
+
+def peak_flops(override_tflops: float | None, device: str) -> float:
     if override_tflops:
         return override_tflops * 1e12
-    name = torch.cuda.get_device_name().lower()
-    for gpu, flops in PEAK_FLOPS.items():
-        if gpu in name:
-            return flops
-    raise SystemExit(f"unknown GPU '{name}': pass --peak-tflops (its dense bf16 peak)")
+    if (gpu := gpu_of(device)) is None:
+        raise SystemExit(f"unknown GPU '{device}': pass --peak-tflops (its dense bf16 peak)")
+    return PEAK_FLOPS[gpu]
+
+
+def flops_per_token(preset: str) -> float:
+    return model_cost(PRESETS[preset].arch, PRESETS[preset].config, VOCAB, SEQ).train_flops_per_token
 
 
 def print_kernels() -> None:
@@ -134,30 +154,123 @@ def write_data(root: Path, tokens: int) -> tuple[Path, Path]:
     return root / "data", root / "tokenizer"
 
 
-def rayb_tokens_per_s(
-    batch: int, warmup: int, steps: int, root: Path, compile: bool
-) -> tuple[float, float, dict]:
-    """(median tokens/s over the measured steps, the whole run's wall seconds, the trial's record)."""
-    from rayb.runner import run_study
+def gpu_study(
+    root: Path, name: str, preset: str, seeds: int, batch: int, global_batch: int, steps: int, **train
+):
+    """A one-model study of `steps` steps on random words (written under `root`), on the GPU."""
     from rayb.study import parse_study
 
-    total = warmup + steps
-    data, tokenizer = write_data(root, int(total * batch * SEQ * 1.2))
-    study = parse_study({
-        "name": f"gpu-check{'-compiled' if compile else ''}", "models": [{"preset": "gpt2"}], "seeds": [0], "eval": ["lm"],
+    data, tokenizer = write_data(root, int(steps * global_batch * SEQ * 1.2))
+    return parse_study({
+        "name": name, "models": [{"preset": preset}], "seeds": seeds, "eval": ["lm"],
         "data": {"sources": [{"name": "random", "uri": str(data), "weight": 1.0}], "tokenizer": str(tokenizer),
-                 "seq_len": SEQ, "token_budget": total * batch * SEQ, "val_share": 0.01},
-        "train": {"lr": 1e-4, "warmup_steps": 5, "micro_batch": batch, "global_batch": batch, "eval_every": total,
-                  "use_gpu": True, "allow_slow_kernels": True, "compile": compile},
+                 "seq_len": SEQ, "token_budget": steps * global_batch * SEQ, "val_share": 0.01},
+        "train": {"lr": 1e-4, "warmup_steps": 5, "micro_batch": batch, "global_batch": global_batch,
+                  "eval_every": steps, "use_gpu": True, "allow_slow_kernels": True, **train},
     })  # fmt: skip
+
+
+def run_rayb(study, out: Path) -> tuple[list[Path], float, float]:
+    """(each trial's directory, the whole run's wall seconds, its training stage's seconds)."""
+    from rayb.runner import TIMINGS, run_study
+
     began = time.perf_counter()
-    outcome = run_study(study, root / "out", log=lambda msg: print(f"  rayb: {msg}"))
+    outcome = run_study(study, out, log=lambda msg: print(f"  rayb: {msg}"))
     wall = time.perf_counter() - began
-    (trial,) = outcome.trials
-    log = [json.loads(line) for line in (Path(trial.trial_dir) / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["tokens_per_s"] for r in log if r["kind"] == "train" and r["step"] > warmup]
-    record = json.loads((Path(trial.trial_dir) / "train_result.json").read_text())
-    return statistics.median(rates), wall, record
+    stages = json.loads((Path(outcome.study_dir) / TIMINGS).read_text())
+    return [Path(t.trial_dir) for t in outcome.trials], wall, stages["training_s"]
+
+
+def median_tokens_per_s(trial_dir: Path, warmup: int) -> float:
+    """The trial's median tokens/s over its steps after `warmup`, from its own per-step log."""
+    log = [json.loads(line) for line in (trial_dir / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["tokens_per_s"] for r in log if r["kind"] == "train" and r["step"] > warmup)
+
+
+def precisions(trial_dir: Path) -> tuple[str, str]:
+    """(what the trial trained in, from its train_result.json; what its evaluations ran in, from their
+    result files)."""
+    trained = json.loads((trial_dir / "train_result.json").read_text())["precision"]
+    evaluated = {
+        json.loads(p.read_text()).get("precision", "not recorded")
+        for p in (trial_dir / EVAL_DIR).glob("*.json")
+    }
+    return trained, ", ".join(sorted(evaluated)) or "not run"
+
+
+def describe_precisions(trained: str, evaluated: str) -> str:
+    return f"training {trained}, evaluation {evaluated}"
+
+
+def measurement(
+    device: str, model: str, flops: float, tokens_per_s: float, peak: float, trials: int, precision: str
+) -> Measurement:
+    """One line of the measurements file: `tokens_per_s` is the whole GPU's, all `trials` together."""
+    return Measurement(gpu_of(device) or device.lower(), device, datetime.date.today().isoformat(), model, flops,
+                       trials, tokens_per_s * flops / peak, precision)  # fmt: skip
+
+
+def packing_verdict(alone_s: float, packed_s: float, seeds: int = PACKED_SEEDS) -> str:
+    ratio = packed_s / alone_s
+    met = "met" if ratio <= PACKING_GOAL else "MISSED"
+    return (f"{seeds} seeds packed on one GPU trained in {packed_s:.0f} s, one seed alone in {alone_s:.0f} s: "
+            f"{ratio:.2f}× one seed's wall (goal ≤ {PACKING_GOAL:g}×: {met})")  # fmt: skip
+
+
+def gpt2_check(args, peak: float, device: str) -> list[Measurement]:
+    """Section 2: GPT-2 124M, a bare loop against rayb; rayb's eager MFU as a measurement."""
+    flops = flops_per_token("gpt2")
+    batch = args.batch or largest_batch()
+    print(f"\nGPT-2 124M, micro-batch {batch} × {SEQ}, {flops / 1e9:.3f} GFLOPs per trained token")
+    rates = {
+        "bare loop, eager": bare_tokens_per_s(batch, args.warmup, args.steps, compile=False),
+        "bare loop, torch.compile": bare_tokens_per_s(batch, args.warmup, args.steps, compile=True),
+    }
+    notes, walls = {name: ("bf16 autocast", "none") for name in rates}, {}
+    for compile in (False, True):
+        name = f"rayb, {'train.compile' if compile else 'eager'}"
+        with tempfile.TemporaryDirectory(prefix="rayb-gpu-check-") as root:
+            study = gpu_study(Path(root), f"gpu-check{'-compiled' if compile else ''}", "gpt2", 1, batch, batch,
+                              args.warmup + args.steps, compile=compile)  # fmt: skip
+            (trial,), walls[name], _ = run_rayb(study, Path(root) / "out")
+            rates[name], notes[name] = median_tokens_per_s(trial, args.warmup), precisions(trial)
+            kernels = json.loads((trial / "train_result.json").read_text())["kernels"]
+    print(f"\n{'setup':<40}{'tokens/s':>12}{'MFU':>8}  precision")
+    for name, rate in rates.items():
+        print(f"{name:<40}{rate:>12,.0f}{rate * flops / peak:>8.1%}  {describe_precisions(*notes[name])}")
+    bare = max(rates["bare loop, eager"], rates["bare loop, torch.compile"])
+    rayb = max(rates["rayb, eager"], rates["rayb, train.compile"])
+    print(f"\nbare loop (best) MFU {bare * flops / peak:.1%} (target ≥ 40%)")
+    print(f"rayb (best) / bare loop (best) tokens/s: {rayb / bare:.2f}× (target ≥ 0.9×)")
+    runs = ", ".join(f"{name} {wall:.0f} s" for name, wall in walls.items())
+    print(f"rayb's whole runs, data preparation to report: {runs}; kernels {kernels}")
+    # Studies train eager unless they set train.compile: price them at the eager path.
+    eager = "rayb, eager"
+    return [measurement(device, "gpt2", flops, rates[eager], peak, 1, notes[eager][0])]
+
+
+def packing_check(args, peak: float, device: str) -> list[Measurement]:
+    """Section 3: the 3.5M model, one seed alone on the GPU, then ten packed on it."""
+    flops = flops_per_token(SMALL)
+    print(f"\n{SMALL}: {args.pack_steps} steps of {args.pack_global} × {SEQ}, micro-batch {args.pack_batch}")
+    runs = {}
+    for seeds in (1, PACKED_SEEDS):
+        share = {"gpus_per_trial": 1 / seeds} if seeds > 1 else {}
+        with tempfile.TemporaryDirectory(prefix="rayb-gpu-check-") as root:
+            study = gpu_study(Path(root), f"gpu-check-{seeds}-seeds", SMALL, seeds, args.pack_batch,
+                              args.pack_global, args.pack_steps, num_workers=1, **share)  # fmt: skip
+            trials, _, training_s = run_rayb(study, Path(root) / "out")
+            # The trials train side by side: together, the GPU's rate.
+            rate = sum(median_tokens_per_s(t, args.warmup) for t in trials)
+            runs[seeds] = (rate, training_s, precisions(trials[0]))
+    for seeds, (rate, _, notes) in runs.items():
+        label = "one seed alone" if seeds == 1 else f"{seeds} seeds packed (together)"
+        print(f"{label:<40}{rate:>12,.0f}{rate * flops / peak:>8.1%}  {describe_precisions(*notes)}")
+    print(packing_verdict(runs[1][1], runs[PACKED_SEEDS][1]))
+    return [
+        measurement(device, SMALL, flops, rate, peak, seeds, notes[0])
+        for seeds, (rate, _, notes) in runs.items()
+    ]
 
 
 def main() -> None:
@@ -172,34 +285,24 @@ def main() -> None:
     parser.add_argument(
         "--batch", type=int, default=None, help="micro-batch (default: the largest that fits)"
     )
+    parser.add_argument("--pack-steps", type=int, default=500, help=f"steps of each {SMALL} seed")
+    parser.add_argument(
+        "--pack-batch", type=int, default=4, help=f"{SMALL}'s micro-batch (a tenth of the GPU each)"
+    )
+    parser.add_argument("--pack-global", type=int, default=32, help=f"{SMALL}'s sequences per step")
+    parser.add_argument(
+        "--measured-out", type=Path, default=default_path(), help="the MFU measurements file to add to"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
-    peak = peak_flops(args.peak_tflops)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16)")
+    device = torch.cuda.get_device_name()
+    peak = peak_flops(args.peak_tflops, device)
+    print(f"{device}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16)")
     print_kernels()
-
-    preset = PRESETS["gpt2"]
-    flops = model_cost("gpt2", preset.config, VOCAB, SEQ).train_flops_per_token
-    batch = args.batch or largest_batch()
-    print(f"\nGPT-2 124M, micro-batch {batch} × {SEQ}, {flops / 1e9:.3f} GFLOPs per trained token")
-    rates = {
-        "bare loop, eager": bare_tokens_per_s(batch, args.warmup, args.steps, compile=False),
-        "bare loop, torch.compile": bare_tokens_per_s(batch, args.warmup, args.steps, compile=True),
-    }
-    for compile in (False, True):
-        with tempfile.TemporaryDirectory(prefix="rayb-gpu-check-") as root:
-            name = f"rayb, {'train.compile' if compile else 'eager'}"
-            rates[name], wall, record = rayb_tokens_per_s(batch, args.warmup, args.steps, Path(root), compile)
-    print(f"\n{'setup':<40}{'tokens/s':>12}{'MFU':>8}")
-    for name, rate in rates.items():
-        print(f"{name:<40}{rate:>12,.0f}{rate * flops / peak:>8.1%}")
-    bare = max(rates["bare loop, eager"], rates["bare loop, torch.compile"])
-    rayb = max(rates["rayb, eager"], rates["rayb, train.compile"])
-    print(f"\nbare loop (best) MFU {bare * flops / peak:.1%} (target ≥ 40%)")
-    print(f"rayb (best) / bare loop (best) tokens/s: {rayb / bare:.2f}× (target ≥ 0.9×)")
-    print(f"rayb's last whole run, data preparation to report: {wall:.0f} s; precision {record['precision']}, "
-          f"kernels {record['kernels']}")  # fmt: skip
+    measured = gpt2_check(args, peak, device) + packing_check(args, peak, device)
+    record_measurements(args.measured_out, measured)
+    print(f"\nMFU measurements for `rayb plan --gpu {measured[0].gpu}` added to {args.measured_out}")
 
 
 if __name__ == "__main__":

@@ -122,7 +122,18 @@ def plan(
     gpu: Annotated[
         str, typer.Option("--gpu", help="a100, h100, h200, a10g or l4 (bf16 dense peak)")
     ] = "a100",
-    mfu: Annotated[float, typer.Option("--mfu", help="model FLOPs utilisation assumed")] = 0.4,
+    mfu: Annotated[
+        float | None,
+        typer.Option("--mfu", help="price every model at this one MFU (default: each model's own, by size)"),
+    ] = None,
+    measured: Annotated[
+        Path | None,
+        typer.Option(
+            "--measured",
+            help="bench/gpu_check.py's MFU measurements, those of --gpu's GPU "
+            "(default: ~/.config/rayb/measured_mfu.json if there)",
+        ),
+    ] = None,
     peak_tflops: Annotated[
         float | None, typer.Option("--peak-tflops", help="per-GPU peak instead of --gpu's")
     ] = None,
@@ -130,31 +141,37 @@ def plan(
         int, typer.Option("--gpus", min=1, help="GPUs in the cluster (default: one 8-GPU node)")
     ] = 8,
 ) -> None:
-    """What a study would run: trials, how they pack onto the GPUs, training FLOPs and GPU-hours at a stated MFU."""
+    """What a study would run: trials, how they pack onto the GPUs, training FLOPs and GPU-hours, each
+    model at its MFU: measured by bench/gpu_check.py where it has been, a stated assumption otherwise."""
     from rayb.plan import PEAK_FLOPS, plan_study
 
     study = _load(study_file)
     if peak_tflops is None and gpu.lower() not in PEAK_FLOPS:
         _fail("--gpu", f"'{gpu}': use one of {', '.join(PEAK_FLOPS)}, or --peak-tflops")
+    if mfu is not None and measured is not None:
+        _fail("--mfu", "--mfu prices every model at one MFU; --measured prices each by size: pass one")
     peak = peak_tflops * 1e12 if peak_tflops else PEAK_FLOPS[gpu.lower()]
+    source, measurements = _measurements(measured, gpu) if mfu is None else (None, [])
     try:
-        result = plan_study(study, peak, mfu)
+        result = plan_study(study, peak, mfu, measurements)
     except ValueError as exc:
         _fail("study", str(exc))
     table = Table(
         title=f"{study.name}: {study.data.seq_len}-token sequences, {study.train.global_batch} per step"
     )
-    for column in ("model", "parameters", "trials", "steps", "tokens/trial", "FLOPs/trial", "GPU-hours"):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    columns = ("model", "parameters", "trials", "steps", "tokens/trial", "FLOPs/trial", "MFU", "GPU-hours")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("model", "MFU") else "right")
     for m in result.models:
         if m.params_total is None:
-            table.add_row(m.label, "pretrained", "eval only", "", "", "", "")
+            table.add_row(m.label, "pretrained", "eval only", "", "", "", "", "")
             continue
         table.add_row(m.label, f"{m.params_total:,}", str(m.trials), f"{m.steps:,}", f"{m.tokens_per_trial:,}",
-                      f"{m.flops_per_trial:.3g}", f"{result.gpu_hours(m.flops):,.1f}")  # fmt: skip
+                      f"{m.flops_per_trial:.3g}", m.mfu.describe(), f"{m.trials * result.trial_gpu_hours(m):,.1f}")  # fmt: skip
     console.print(table)
     share = result.gpus_per_trial
     packing = result.packing(gpus)
+    at = f"{mfu:.0%} MFU" if mfu is not None else "each model's MFU"
     console.print(
         f"{_trial_count(study)}; {share or 'no'} GPU{'s' if share != 1 else ''} per trial"
         + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
@@ -162,11 +179,16 @@ def plan(
         f"{packing.describe()}. A group trains its trials one after another; {min(packing.slots, len(packing.groups))} "
         f"group{'s' if packing.slots != 1 else ''} at once ({packing.slots} fit"
         + (f", {1 / share:g} to a GPU" if share and share < 1 else "") + ")."
-        + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours(result.flops):,.1f} GPU-hours at {mfu:.0%} MFU "
-        f"of {peak / 1e12:,.0f} TFLOP/s per GPU; about {_duration(result.wall_hours(gpus))} of wall-clock on {gpus} GPUs. "
+        + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours:,.1f} GPU-hours at {at} of {peak / 1e12:,.0f} "
+        f"TFLOP/s per GPU; about {_duration(result.wall_hours(gpus))} of wall-clock on {gpus} GPUs. "
         f"Evaluation ({len(study.eval)} suites per checkpoint) is not included.",
         highlight=False,
     )  # fmt: skip
+    if mfu is None:
+        from rayb.mfu import describe_sources
+
+        for line in describe_sources(measurements, source, gpu.lower()):
+            console.print(f"MFU {line}", highlight=False)
     from rayb.models.spec import STUDY_REF
 
     first = sorted(
@@ -176,6 +198,20 @@ def plan(
         console.print(
             f"It first runs {', '.join(first)} (not counted here): plan those too.", highlight=False
         )
+
+
+def _measurements(path: Path | None, gpu: str) -> tuple[Path, list]:
+    """(the measurements file, its MFU measurements of `gpu`): the given file, else the default one if
+    there is one; none where neither is."""
+    from rayb.mfu import default_path, read_measurements
+
+    source = path or default_path()
+    if path is None and not source.is_file():
+        return source, []
+    try:
+        return source, read_measurements(source, gpu)
+    except (OSError, ValueError) as exc:
+        _fail("--measured", str(exc))
 
 
 def _unmeasured_gate_metrics(study) -> list[str]:

@@ -1,16 +1,20 @@
-"""What a study would run, before it runs: trials, GPUs, training FLOPs and GPU-hours at a stated MFU.
+"""What a study would run, before it runs: trials, GPUs, training FLOPs and GPU-hours at each model's MFU.
 
-Pure arithmetic over the validated study and each model's analytic cost (models/accounting.py), so
+Pure arithmetic over the validated study, each model's analytic cost (models/accounting.py) and its MFU
+(rayb/mfu.py: measured by bench/gpu_check.py, or a stated assumption; or one MFU the user gives), so
 `rayb plan` answers on a laptop, for a cluster-sized study, in a second. Training only: evaluation is
 a forward pass over far fewer tokens and is left out of the estimate (the plan says so).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
+from rayb.mfu import Measurement, Mfu, model_mfu
 from rayb.study import Study
+from rayb.train.spec import TrainSpec
 from rayb.tune.packs import Capacity, group_of, split_groups, trial_slots
 
 # Dense bf16 peak throughput per GPU (FLOP/s), from the vendors' datasheets.
@@ -28,6 +32,7 @@ class ModelPlan:
     steps: int
     tokens_per_trial: int
     flops_per_trial: float
+    mfu: Mfu | None  # None for a pretrained reference (not trained)
 
     @property
     def flops(self) -> float:
@@ -39,7 +44,6 @@ class StudyPlan:
     study: Study
     models: list[ModelPlan]
     peak_flops: float
-    mfu: float
 
     @property
     def trials(self) -> int:
@@ -54,14 +58,20 @@ class StudyPlan:
     def flops(self) -> float:
         return sum(m.flops for m in self.models)
 
-    def gpu_hours(self, flops: float) -> float:
-        return flops / (self.peak_flops * self.mfu) / 3600
+    def trial_gpu_hours(self, model: ModelPlan) -> float:
+        """The GPU time one trial of `model` uses: its training FLOPs at its MFU of the peak (for trials
+        sharing a GPU, its share of the GPU's time)."""
+        return model.flops_per_trial / (self.peak_flops * model.mfu.value) / 3600 if model.steps else 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(m.trials * self.trial_gpu_hours(m) for m in self.models)
 
     def packing(self, gpus: int) -> Packing:
         """How the trials run on a cluster of `gpus` GPUs: packed into worker groups as `rayb run` packs
         them (a user's model in groups of its own; split only to fill idle slots), and how many groups
         train at once."""
-        slots = trial_slots(self.study.train.model_copy(update={"use_gpu": True}), Capacity.of_gpus(gpus))
+        slots = trial_slots(on_gpus(self.study.train), Capacity.of_gpus(gpus))
         groups: dict[str, list[str]] = {}
         for m in self.models:
             if m.steps:
@@ -72,10 +82,10 @@ class StudyPlan:
 
     def wall_hours(self, gpus: int) -> float:
         """Wall-clock on `gpus` GPUs: the worker groups, longest first, each on the next free slot (a
-        group's trials run one after another, each on num_workers GPUs)."""
+        group's trials run one after another, each holding its GPUs or share of one)."""
         packing = self.packing(gpus)
-        per_trial = {m.label: self.gpu_hours(m.flops_per_trial) / max(1, self.study.train.num_workers)
-                     for m in self.models if m.steps}  # fmt: skip
+        share = gpu_share(self.study.train)
+        per_trial = {m.label: self.trial_gpu_hours(m) / share for m in self.models if m.steps}
         durations = sorted(
             (sum(per_trial[label] for label in group) for group in packing.groups), reverse=True
         )
@@ -99,8 +109,29 @@ class Packing:
         )
 
 
-def plan_study(study: Study, peak_flops: float, mfu: float) -> StudyPlan:
-    if not 0 < mfu <= 1:
+def on_gpus(train: TrainSpec) -> TrainSpec:
+    """The study's training as it would run on GPUs (a CPU study is planned for GPUs too)."""
+    return train.model_copy(update={"use_gpu": True})
+
+
+def gpu_share(train: TrainSpec) -> float:
+    """GPUs one trial holds on GPUs: one per worker, or its fraction of one."""
+    gpu = on_gpus(train)
+    return gpu.num_workers * gpu.gpus_per_worker
+
+
+def trials_per_gpu(train: TrainSpec) -> float:
+    """Trials training on one GPU at once: several where a trial holds a fraction of one, else 1."""
+    share = gpu_share(train)
+    return round(1 / share, 6) if share < 1 else 1
+
+
+def plan_study(
+    study: Study, peak_flops: float, mfu: float | None = None, measured: Sequence[Measurement] = ()
+) -> StudyPlan:
+    """The study's plan, each model priced at `mfu` where given, else at its own (rayb/mfu.py) from the
+    `measured` MFUs of the GPU priced."""
+    if mfu is not None and not 0 < mfu <= 1:
         raise ValueError(f"MFU must be in (0, 1], got {mfu}")
     vocab = study.data.nominal_vocab
     if vocab is None:
@@ -109,17 +140,20 @@ def plan_study(study: Study, peak_flops: float, mfu: float) -> StudyPlan:
             "so the models can be sized and planned now"
         )
     tokens_per_step = study.train.global_batch * study.data.seq_len
+    packed = trials_per_gpu(study.train)
     models = []
     for model in study.models:
         if model.pretrained:
-            models.append(ModelPlan(model.label, model.architecture, {}, None, None, 1, 0, 0, 0.0))
+            models.append(ModelPlan(model.label, model.architecture, {}, None, None, 1, 0, 0, 0.0, None))
             continue
         config, cost, steps = study.model_steps(model, vocab)
         tokens = steps * tokens_per_step
+        flops = cost.train_flops_per_token
+        priced = Mfu(mfu, "given (--mfu)") if mfu is not None else model_mfu(flops, packed, measured)
         models.append(
             ModelPlan(
                 model.label, model.architecture, config, cost.total_params, cost.non_embedding_params,
-                len(study.train.lr) * len(study.seeds), steps, tokens, tokens * cost.train_flops_per_token,
+                len(study.train.lr) * len(study.seeds), steps, tokens, tokens * flops, priced,
             )
         )  # fmt: skip
-    return StudyPlan(study, models, peak_flops, mfu)
+    return StudyPlan(study, models, peak_flops)

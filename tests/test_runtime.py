@@ -46,14 +46,14 @@ def test_a_gpu_study_on_the_shipped_clusters_waits_for_the_gpu_nodes_their_autos
     assert gpu_type.resources == {"CPU": 96.0, "GPU": 8.0} and gpu_type.max_workers == 2
     head = config["available_node_types"][config["head_node_type"]]["resources"]
     assert config["head_node_type"] not in types  # the head is up already; the autoscaler adds none
-    train = load_study(REPO / "configs" / "groundthink-gate.yaml").train  # 4 workers, one GPU each
+    train = load_study(REPO / "configs" / "groundthink-gate.yaml").train  # a quarter of a GPU per trial
     fixed, scaling = (
         Capacity(({"CPU": 8.0, "GPU": head["GPU"]},)),
         Capacity(({"CPU": 8.0, "GPU": head["GPU"]},), tuple(types.values()), scales=True),
     )
     assert unfittable(train, fixed) is not None  # the same head with no autoscaler: refused
     assert unfittable(train, scaling) is None
-    assert one_node(train, scaling) and trial_slots(train, scaling) == 4  # 2 nodes x 8 GPUs / 4 workers
+    assert one_node(train, scaling) and trial_slots(train, scaling) == 64  # 2 nodes x 8 GPUs x 4 trials each
 
 
 def test_a_local_instance_is_a_fixed_cluster(ray_session):

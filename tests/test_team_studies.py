@@ -52,7 +52,7 @@ def test_plan_arithmetic_and_the_backpack_parameter_check():
     assert transformer.params_total == 202_819_968  # the plan's exact count
     assert transformer.trials == len(study.seeds)
     assert transformer.tokens_per_trial == study.steps * study.train.global_batch * study.data.seq_len
-    assert plan.gpu_hours(plan.flops) == pytest.approx(plan.flops / 50e12 / 3600)
+    assert plan.gpu_hours == pytest.approx(plan.flops / 50e12 / 3600)
     assert "202,819,968 parameters" in runner.invoke(app, ["validate", "configs/backpack.yaml"]).output
 
 
