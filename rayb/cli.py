@@ -171,12 +171,14 @@ def plan(
     console.print(table)
     share = result.gpus_per_trial
     packing = result.packing(gpus)
+    groups = sum(packing.groups)
     at = f"{mfu:.0%} MFU" if mfu is not None else "each model's MFU"
     console.print(
         f"{_trial_count(study)}; {share or 'no'} GPU{'s' if share != 1 else ''} per trial"
         + ("" if study.train.use_gpu else " (train.use_gpu is false: the GPU-hours are what it would take on GPUs)")
-        + f"\nOn {gpus} GPUs, {len(packing.groups)} worker group{'s' if len(packing.groups) != 1 else ''}: "
-        f"{packing.describe()}. A group trains its trials one after another; {min(packing.slots, len(packing.groups))} "
+        + f"\nOn {gpus} GPUs, {groups} worker group{'s' if groups != 1 else ''} take trials from "
+        f"{len(packing.queues)} queue{'s' if len(packing.queues) != 1 else ''}: {packing.describe()}. A group "
+        f"trains its queue's next trial as soon as it is free; {min(packing.slots, groups)} "
         f"group{'s' if packing.slots != 1 else ''} at once ({packing.slots} fit"
         + (f", {1 / share:g} to a GPU" if share and share < 1 else "") + ")."
         + f"\n{result.flops:.3g} training FLOPs: {result.gpu_hours:,.1f} GPU-hours at {at} of {peak / 1e12:,.0f} "

@@ -15,7 +15,7 @@ from itertools import groupby
 from rayb.mfu import Measurement, Mfu, model_mfu
 from rayb.study import Study
 from rayb.train.spec import TrainSpec
-from rayb.tune.packs import Capacity, group_of, split_groups, trial_slots
+from rayb.tune.packs import Capacity, group_of, groups_per_queue, makespan, trial_slots
 
 # Dense bf16 peak throughput per GPU (FLOP/s), from the vendors' datasheets.
 PEAK_FLOPS = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "a10g": 125e12, "l4": 121e12}
@@ -68,44 +68,40 @@ class StudyPlan:
         return sum(m.trials * self.trial_gpu_hours(m) for m in self.models)
 
     def packing(self, gpus: int) -> Packing:
-        """How the trials run on a cluster of `gpus` GPUs: packed into worker groups as `rayb run` packs
-        them (a user's model in groups of its own; split only to fill idle slots), and how many groups
-        train at once."""
+        """How the trials run on a cluster of `gpus` GPUs, as `rayb run`'s worker pool runs them: a queue per
+        group shape (a user's model has its own), costliest trials first, each served by its groups, and
+        how many groups train at once."""
         slots = trial_slots(on_gpus(self.study.train), Capacity.of_gpus(gpus))
-        groups: dict[str, list[str]] = {}
+        queues: dict[str, list[ModelPlan]] = {}
         for m in self.models:
             if m.steps:
-                groups.setdefault(group_of(m.label, m.arch, self.study.train), []).extend(
-                    [m.label] * m.trials
-                )
-        return Packing(gpus, slots, split_groups(list(groups.values()), slots))
+                queues.setdefault(group_of(m.label, m.arch, self.study.train), []).extend([m] * m.trials)
+        ordered = [sorted(q, key=lambda m: -m.flops_per_trial) for q in queues.values()]
+        return Packing(gpus, slots, ordered, groups_per_queue([len(q) for q in ordered], slots))
 
     def wall_hours(self, gpus: int) -> float:
-        """Wall-clock on `gpus` GPUs: the worker groups, longest first, each on the next free slot (a
-        group's trials run one after another, each holding its GPUs or share of one)."""
+        """Wall-clock on `gpus` GPUs: the pool's groups taking their queues' trials as they free up, each
+        trial holding its GPUs or share of one (tune/packs.makespan)."""
         packing = self.packing(gpus)
         share = gpu_share(self.study.train)
-        per_trial = {m.label: self.trial_gpu_hours(m) / share for m in self.models if m.steps}
-        durations = sorted(
-            (sum(per_trial[label] for label in group) for group in packing.groups), reverse=True
-        )
-        slots = [0.0] * min(packing.slots, max(1, len(durations)))
-        for duration in durations:
-            slots[slots.index(min(slots))] += duration
-        return max(slots, default=0.0)
+        durations = [[self.trial_gpu_hours(m) / share for m in queue] for queue in packing.queues]
+        return makespan(durations, packing.groups, packing.slots)
 
 
 @dataclass(frozen=True)
 class Packing:
     gpus: int
     slots: int  # worker groups training at once
-    groups: list[list[str]]  # each worker group's trials, as model labels, in the order they train
+    queues: list[list[ModelPlan]]  # each queue's trials, in the order its groups take them
+    groups: list[int]  # the worker groups serving each queue
 
     def describe(self) -> str:
-        """'(gpt2 ×2, llama ×1) (llama ×1, mamba ×2)': each group's trials, model by model."""
-        return " ".join(
-            "(" + ", ".join(f"{label} ×{len(list(run))}" for label, run in groupby(group)) + ")"
-            for group in self.groups
+        """'(gpt2 ×10, mamba ×10) by 4 groups; (mine ×10) by 1 group': each queue's trials, model by model,
+        and its groups."""
+        return "; ".join(
+            "(" + ", ".join(f"{label} ×{len(list(run))}" for label, run in groupby(m.label for m in queue))
+            + f") by {count} group{'s' if count != 1 else ''}"
+            for queue, count in zip(self.queues, self.groups, strict=True)
         )
 
 

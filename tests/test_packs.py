@@ -15,9 +15,10 @@ from rayb.tune.packs import (
     Capacity,
     NodeType,
     groups_fitting,
+    groups_per_queue,
     left_free,
+    makespan,
     one_node,
-    split_groups,
     trial_slots,
     unfittable,
     worker_pool,
@@ -52,9 +53,21 @@ def test_a_shape_gets_groups_to_fill_idle_slots_and_they_share_its_queue():
     mine = TrialSpec(**{**gpt2.__dict__, "key": "mine", "model": "mine", "arch": "my_models:build"})
     shapes = [len(g.trials) for g in worker_pool(_trials(models=("mamba",)) + [mine], slots=4, cores=4)]
     assert shapes == [3, 3, 3, 1]
-    assert split_groups([[1, 2, 3, 4, 5]], 3) == [[1, 2], [3, 4], [5]]
-    # Further cuts go where the packs are largest, so no model's packs run far longer than another's.
-    assert [len(p) for p in split_groups([[0] * 10, [1] * 10, [2] * 10], 8)] == [4, 3, 3, 4, 3, 3, 5, 5]
+    assert groups_per_queue([5], 3) == [3] and groups_per_queue([2, 1], 8) == [2, 1]
+    # Further groups go where a queue has the most trials per group.
+    assert groups_per_queue([10, 10, 10], 8) == [3, 3, 2] and groups_per_queue([10, 2], 4) == [3, 1]
+
+
+def test_the_costliest_trials_go_first_and_the_pool_ends_when_its_last_group_does():
+    cheap, dear = (replace(t, train_flops_per_token=6e6) for t in _trials(models=("gpt2",), seeds=(0, 1)))
+    dear = replace(dear, steps=cheap.steps * 10)
+    (group,) = worker_pool([cheap, dear], slots=1, cores=1)
+    assert [t.key for t in group.trials] == [dear.key, cheap.key]
+    # Two groups on a queue of one long trial and three short: the long one first takes 3, the other group
+    # trains the short ones meanwhile; in study order it would run alone at the end (1 + 3 = 4).
+    assert makespan([[3, 1, 1, 1]], [2], slots=2) == 3 and makespan([[1, 1, 1, 3]], [2], slots=2) == 4
+    # Groups beyond the slots start as others end; a group whose queue is empty by then ends at once.
+    assert makespan([[1, 1], [5]], [1, 1], slots=1) == 7 and makespan([[2, 2, 2, 2]], [4], slots=2) == 4
 
 
 def test_trials_that_need_another_worker_group_or_run_a_users_model_train_apart():
@@ -199,14 +212,14 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
     raw["train"] |= {"use_gpu": True, "gpus_per_trial": 0.25}
     plan = plan_study(parse_study(raw), peak_flops=312e12, mfu=0.4)
     packing = plan.packing(gpus=1)
-    assert packing.slots == 4 and [len(g) for g in packing.groups] == [5, 5, 5, 5]
-    assert packing.describe() == "(gpt2 ×5) (gpt2 ×5) (mamba ×5) (mamba ×5)"
-    assert plan.packing(gpus=8).groups == [[m] for m in ["gpt2"] * 10 + ["mamba"] * 10]  # 32 slots: one each
+    assert packing.slots == 4 and packing.groups == [4] and len(packing.queues[0]) == 20
+    assert packing.describe() == "(gpt2 ×10, mamba ×10) by 4 groups"
+    assert plan.packing(gpus=8).groups == [20]  # 32 slots: one group per trial
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(app, ["plan", str(tmp_path / "study.yaml"), "--gpus", "1"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "On 1 GPUs, 4 worker groups: (gpt2 ×5) (gpt2 ×5) (mamba ×5)" in text
+    assert "On 1 GPUs, 4 worker groups take trials from 1 queue: (gpt2 ×10, mamba ×10) by 4 groups" in text
     assert "4 groups at once (4 fit, 4 to a GPU)" in text
 
 

@@ -16,17 +16,14 @@ whichever group takes it.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 from rayb.models.registry import is_import_path
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
-
-T = TypeVar("T")
-
 
 def group_of(model: str, arch: str, train: TrainSpec) -> str:
     """What the trials of a pack share: the worker group (its workers, their GPUs); and for a user's model,
@@ -146,17 +143,9 @@ def unfittable(train: TrainSpec, capacity: Capacity) -> str | None:
     )  # fmt: skip
 
 
-def split_groups(groups: list[list[T]], slots: int) -> list[list[T]]:
-    """Cut groups into near-equal, in-order chunks until there are `slots` of them (or every chunk is one
-    item)."""
-    groups = [list(g) for g in groups if g]
-    cuts = _cuts([len(g) for g in groups], slots)
-    return [chunk for group, k in zip(groups, cuts, strict=True) for chunk in _chunks(group, k)]
-
-
-def _cuts(sizes: list[int], slots: int) -> list[int]:
-    """Into how many parts to cut groups of these sizes so that there are `slots` parts (or every part is one
-    item): each further cut goes to the group whose parts are largest (the first of equals)."""
+def groups_per_queue(sizes: list[int], slots: int) -> list[int]:
+    """How many worker groups serve queues of these sizes, so that there are `slots` groups (or one per
+    trial): each further group goes to the queue with the most trials per group (the first of equals)."""
     cuts = [1] * len(sizes)
     while sum(cuts) < slots:
         splittable = [i for i, size in enumerate(sizes) if cuts[i] < size]
@@ -166,26 +155,42 @@ def _cuts(sizes: list[int], slots: int) -> list[int]:
     return cuts
 
 
-def _chunks(items: list[T], k: int) -> list[list[T]]:
-    size, extra = divmod(len(items), k)
-    bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
 def worker_pool(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
-    """The worker groups that train `trials`: for each group shape, as many groups as cutting its trials to
-    fill `slots` would make, every one of them taking from the shape's whole queue (`TrialPack.group`).
-    The groups that run at once share `cores` among their workers as torch threads."""
-    shapes: dict[str, list[TrialSpec]] = {}
+    """The worker groups that train `trials`: per group shape, a queue of its trials, costliest first (the
+    longest trials start first, so none starts last and runs on alone), served by as many groups as
+    `groups_per_queue` gives it (`TrialPack.group`). The groups that run at once share `cores` among their
+    workers as torch threads."""
+    queues: dict[str, list[TrialSpec]] = {}
     for trial in trials:
-        shapes.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
-    queues = list(shapes.values())
+        queues.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
+    ordered = [sorted(queue, key=lambda t: -t.train_flops_per_token * t.steps) for queue in queues.values()]
     groups = [
         TrialPack(tuple(queue), group=i)
-        for queue, count in zip(queues, _cuts([len(q) for q in queues], slots), strict=True)
+        for queue, count in zip(ordered, groups_per_queue([len(q) for q in ordered], slots), strict=True)
         for i in range(count)
     ]
     if not groups:
         return []
     threads = max(1, cores // (min(slots, len(groups)) * trials[0].train.num_workers))
     return [replace(g, threads=threads) for g in groups]
+
+
+def makespan(queues: list[list[float]], groups: list[int], slots: int) -> float:
+    """How long the pool takes: queues of trial durations, each served in order by its number of `groups`,
+    at most `slots` groups at once (the rest start as groups end); each group takes its queue's next trial
+    as soon as it is free, and ends when the queue is empty."""
+    waiting = [list(queue) for queue in queues]
+    to_start = [i for i, count in enumerate(groups) for _ in range(count)]
+    running: list[tuple[float, int]] = []  # (when its trial ends, its queue)
+    now = 0.0
+    while to_start or running:
+        while to_start and len(running) < slots:
+            queue = to_start.pop(0)
+            if waiting[queue]:
+                heapq.heappush(running, (now + waiting[queue].pop(0), queue))
+        if not running:
+            break
+        now, queue = heapq.heappop(running)
+        if waiting[queue]:
+            heapq.heappush(running, (now + waiting[queue].pop(0), queue))
+    return now
