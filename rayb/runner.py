@@ -261,6 +261,8 @@ def run_study(
         trained, groups = 0, 0
 
         def train(trials_to_train: list[TrialSpec]) -> None:
+            """Train on a worker pool of their own: a study in rounds of seeds starts one per round, since
+            each round's decision waits on evaluations that need what the groups would hold."""
             nonlocal trained, groups
             if not (pool := worker_pool([t for t in trials_to_train if t.arch != PRETRAINED_ARCH], slots, cores)):
                 return

@@ -1,12 +1,13 @@
 """The per-worker training loop: DeepSpeed on a Ray Train worker, fed from the packed-token cache.
 
-A worker group trains a pack of trials (train/trial.py), one after another. Read top to bottom: per
-trial, set up (resuming if its checkpoint exists), then for each optimizer step feed this worker's share
-of global batch `step`, log it, and at the step's end measure validation loss and checkpoint when due.
+A worker group trains trials one after another: those it takes from the study's worker pool, or a fixed
+pack of them (train/trial.py). Read top to bottom: per trial, set up (resuming if its checkpoint exists),
+then for each optimizer step feed this worker's share of global batch `step`, log it, and at the step's
+end measure validation loss and checkpoint when due.
 Data position is the step number, so a resumed run feeds exactly the batches it had not. What all ranks
-must agree on (the trials that remain, the checkpoint to resume from) rank 0 decides and broadcasts.
+must agree on (the next trial, the checkpoint to resume from) rank 0 decides and broadcasts.
 A trial's checkpoint is found wherever it was written: each trial records its latest checkpoint in its
-own directory, so a relaunch that packs the trials differently (a cluster of another size) resumes them.
+own directory, so a relaunch that groups the trials differently (a cluster of another size) resumes them.
 Precision follows `TrainSpec.resolved_precision`: bf16 runs the forward and backward under autocast with
 fp32 parameters, gradients and optimizer state, as the reference implementations train.
 """
