@@ -99,7 +99,8 @@ class Packing:
         """'(gpt2 ×10, mamba ×10) by 4 groups; (mine ×10) by 1 group': each queue's trials, model by model,
         and its groups."""
         return "; ".join(
-            "(" + ", ".join(f"{label} ×{len(list(run))}" for label, run in groupby(m.label for m in queue))
+            "("
+            + ", ".join(f"{label} ×{len(list(run))}" for label, run in groupby(m.label for m in queue))
             + f") by {count} group{'s' if count != 1 else ''}"
             for queue, count in zip(self.queues, self.groups, strict=True)
         )

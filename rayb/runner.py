@@ -264,7 +264,9 @@ def run_study(
             """Train on a worker pool of their own: a study in rounds of seeds starts one per round, since
             each round's decision waits on evaluations that need what the groups would hold."""
             nonlocal trained, groups
-            if not (pool := worker_pool([t for t in trials_to_train if t.arch != PRETRAINED_ARCH], slots, cores)):
+            if not (
+                pool := worker_pool([t for t in trials_to_train if t.arch != PRETRAINED_ARCH], slots, cores)
+            ):
                 return
             trained += len({t.key for g in pool for t in g.trials})
             at_once = min(slots, len(pool))

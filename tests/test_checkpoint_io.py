@@ -8,6 +8,7 @@ import time
 
 from rayb import storage
 from rayb.train import loop
+from rayb.train.metrics_log import MetricsLog
 
 # A two-rank ZeRO checkpoint as DeepSpeed 0.19.8 and rayb write it (fp32 and bf16 shard names alike).
 TAG = "k-step8"
@@ -47,9 +48,9 @@ def test_the_metrics_log_uploads_off_the_training_thread(s3_bucket, mirror, monk
         real_push(*args, **kwargs)
 
     monkeypatch.setattr(storage, "push", slow_push)
-    monkeypatch.setattr(loop._MetricsLog, "PUSH_EVERY_S", 0.0)  # an upload due at every record
+    monkeypatch.setattr(MetricsLog, "PUSH_EVERY_S", 0.0)  # an upload due at every record
     location = f"s3://{s3_bucket}/trial/{loop.METRICS}"
-    log = loop._MetricsLog(location, enabled=True)
+    log = MetricsLog(location, enabled=True)
     began = time.perf_counter()
     for step in range(1, 21):
         log.write(kind="train", step=step, loss=1.0)

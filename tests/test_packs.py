@@ -87,7 +87,10 @@ def test_a_groups_run_name_is_stable_and_a_single_trial_keeps_its_own():
     assert TrialPack(tuple(trials)).run_name == TrialPack(tuple(_trials(models=("gpt2",)))).run_name
     assert TrialPack(tuple(trials)).run_name != TrialPack(tuple(trials[:2])).run_name
     assert TrialPack((trials[0],)).run_name == trials[0].run_name
-    assert TrialPack(tuple(trials), group=1).run_name == TrialPack(tuple(_trials(models=("gpt2",))), group=1).run_name
+    assert (
+        TrialPack(tuple(trials), group=1).run_name
+        == TrialPack(tuple(_trials(models=("gpt2",))), group=1).run_name
+    )
     assert TrialPack(tuple(trials), group=1).run_name != TrialPack(tuple(trials), group=0).run_name
     for pack in (TrialPack(tuple(trials), threads=3), TrialPack(tuple(trials), group=2)):
         assert TrialPack.from_dict(pack.to_dict()) == pack

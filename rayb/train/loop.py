@@ -15,14 +15,12 @@ fp32 parameters, gradients and optimizer state, as the reference implementations
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import random
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,15 +43,13 @@ from rayb.models.kernels import describe
 from rayb.models.pretrained import Checkpoint, initialise_from
 from rayb.models.registry import get_arch
 from rayb.train.collectives import HostCollectives
+from rayb.train.metrics_log import MetricsLog
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
 METRICS = "metrics.jsonl"
 LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
-
-logger = logging.getLogger(__name__)
-
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint; in the
@@ -98,7 +94,9 @@ class _Taker:
     def take(self, finished: str | None) -> str | None:
         import ray
 
-        while (key := ray.get(self.queue.take.remote(self.pack.queue, self.pack.run_name, finished))) is not None:
+        while (
+            key := ray.get(self.queue.take.remote(self.pack.queue, self.pack.run_name, finished))
+        ) is not None:
             if not self.by_key[key].done:
                 return key
             finished = key
@@ -138,7 +136,7 @@ class _Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     cache: TokenCache
     comm: HostCollectives
-    log: _MetricsLog
+    log: MetricsLog
     params: ParamCount
     kernels: dict[str, str]  # {component: implementation} this worker's model runs
     start: int  # the first step to train (after a resume, the one after the checkpoint)
@@ -202,7 +200,7 @@ def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) ->
         engine.compile()  # compiles engine.module in place
     start = _resume(engine, trial, comm)
     kernels = describe(get_arch(trial.arch).kernels(engine.device.type))
-    log = _MetricsLog(storage.join(trial.trial_dir, METRICS), enabled=comm.rank == 0)
+    log = MetricsLog(storage.join(trial.trial_dir, METRICS), enabled=comm.rank == 0)
     if start:  # where the trial came back from a lost worker or node (rayb status shows it resumed)
         log.write(kind="resume", step=start)
     timings = costs | {"set_up_s": time.perf_counter() - began, "checkpoint_s": 0.0, "validation_s": 0.0}
@@ -510,73 +508,6 @@ def _save_model(module: torch.nn.Module, out: Path) -> None:
         module.save_pretrained(out)
     else:
         save_weights(module, out)
-
-
-class _MetricsLog:
-    """Rank 0's own append-only JSONL log (Ray keeps only metrics reported with checkpoints). On object
-    storage it is appended locally and uploaded every PUSH_EVERY_S by a thread of its own (a store has no
-    append, and the whole log's upload grows with the run: the training thread never waits for it), and
-    with each checkpoint and at the end, where the caller waits for it; a trial resumed on another node
-    (or process) first takes the store's copy up."""
-
-    PUSH_EVERY_S = 10.0
-
-    def __init__(self, location: str, enabled: bool):
-        self.location, self.enabled = location, enabled
-        self.path = storage.writable(location)
-        self._pushed = time.monotonic()
-        self._uploader = None
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if storage.is_remote(location):
-                if earlier := storage.read_bytes(location):
-                    self.path.write_bytes(earlier)
-                self._uploader = _Uploader(location)
-
-    def write(self, **record: Any) -> None:
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            if self._uploader and time.monotonic() - self._pushed > self.PUSH_EVERY_S:
-                self._uploader.request()
-                self._pushed = time.monotonic()
-
-    def push(self, final: bool = False) -> None:
-        """Upload the log now (after any upload under way), and wait for it."""
-        if self._uploader:
-            self._uploader.upload(final)
-
-
-class _Uploader:
-    """Uploads a file that grows (storage.push) from a thread of its own when asked, or at once when told:
-    one upload at a time, the last one (final) dropping the local copy and ending the thread."""
-
-    def __init__(self, location: str):
-        self.location = location
-        self._lock = threading.Lock()
-        self._asked = threading.Event()
-        self._done = False
-        threading.Thread(target=self._serve, name=f"upload {location}", daemon=True).start()
-
-    def request(self) -> None:
-        self._asked.set()
-
-    def upload(self, final: bool = False) -> None:
-        with self._lock:
-            if not self._done:
-                storage.push(self.location, keep=not final)
-                self._done = final
-        if final:
-            self._asked.set()  # wake the thread to end
-
-    def _serve(self) -> None:
-        while not self._done:
-            self._asked.wait()
-            self._asked.clear()
-            try:
-                self.upload()
-            except Exception:  # the next upload (a checkpoint's, the end's) tries again, and raises
-                logger.warning("uploading %s failed", self.location, exc_info=True)
 
 
 def _float(value: Any) -> float | None:

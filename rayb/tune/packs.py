@@ -25,6 +25,7 @@ from rayb.models.registry import is_import_path
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
 
+
 def group_of(model: str, arch: str, train: TrainSpec) -> str:
     """What the trials of a pack share: the worker group (its workers, their GPUs); and for a user's model,
     the model itself."""

@@ -15,7 +15,6 @@ from collections import deque
 from pathlib import Path
 
 import ray
-
 from ray import tune
 
 from rayb import runtime, storage
@@ -182,11 +181,14 @@ def _group_errors(result, queue, trials: dict[str, TrialSpec]) -> dict[str, str]
         held, waiting = ray.get(queue.fail.remote(pack.queue, pack.run_name))
     if not error:
         return {}
+
     def untrained(keys: list[str]) -> list[TrialSpec]:
         return [trials[k] for k in keys if not trials[k].done]
 
     after = f"not trained: {held or 'a trial'} of its worker group failed first: {error}"
-    return _record(untrained([held] if held else []), error, trace) | _record(untrained(waiting), after, trace)
+    return _record(untrained([held] if held else []), error, trace) | _record(
+        untrained(waiting), after, trace
+    )
 
 
 def _this_node():
