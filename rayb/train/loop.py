@@ -51,6 +51,7 @@ from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 METRICS = "metrics.jsonl"
 LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
 
+
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint; in the
     worker pool, the trials this group takes from its queue (named by `config["queue"]`) until it is empty."""
