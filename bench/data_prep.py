@@ -31,8 +31,9 @@ import psutil
 import pyarrow.parquet as pq
 
 from rayb import runtime
-from rayb.data.pipeline import _fast_tokenizer, _tokenizer, prepare_data
+from rayb.data.pipeline import _tokenizer, prepare_data
 from rayb.data.sources import resolve
+from rayb.data.tasks import fast_tokenizer
 from rayb.study import parse_study
 
 TASK_PARTS = ("read_s", "held_out_s", "tokenize_s", "pack_s", "write_s")
@@ -55,7 +56,7 @@ def bare_encode(paths: list[str], tokenizer_dir: Path, spec) -> tuple[float, int
     """The floor: read documents in order and tokenize them in this process until the training and the
     validation stream hold the tokens the budget asks for: (seconds, documents, tokens with EOS)."""
     began = time.perf_counter()
-    tokenizer = _fast_tokenizer((tokenizer_dir / "tokenizer.json").read_text())
+    tokenizer = fast_tokenizer((tokenizer_dir / "tokenizer.json").read_text())
     need = {False: spec.train_rows * spec.seq_len, True: spec.val_rows * spec.seq_len}
     have, docs = {False: 0, True: 0}, 0
     for path in paths:

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_study_dict
 
-from rayb.data.pipeline import BadShard, SourceTooSmall, prepare_data
+from rayb.data.pipeline import SourceTooSmall, prepare_data
 from rayb.data.tokenizer import load_tokenizer
+from rayb.data.units import BadShard
 from rayb.study import parse_study
 
 pytestmark = pytest.mark.ray

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from rayb.cli import app
 from rayb.data.cache import epoch_batch
 from rayb.data.parallel import parallel_rows, translate
-from rayb.data.pipeline import _columns, text_values
+from rayb.data.units import columns, text_values
 from rayb.eval.corpora import load_corpus, resolve_corpus
 from rayb.models import build_model
 from rayb.models.pretrained import (
@@ -138,7 +138,7 @@ def test_byte_tokenizer_and_declared_vocabulary():
 
 def test_struct_text_columns_and_the_parallel_stand_in():
     table = parallel_rows(4, seed=0)
-    assert _columns(table.schema) == ["translation", "translation.en", "translation.fr"]
+    assert columns(table.schema) == ["translation", "translation.en", "translation.fr"]
     english, french = text_values(table, "translation.en"), text_values(table, "translation.fr")
     assert french == [translate(line) for line in english] and french != english
     assert translate("The river") == translate("The river")  # a consistent "language"

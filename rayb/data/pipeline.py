@@ -1,7 +1,7 @@
 """The data step on Ray Data: read parquet, tokenize in parallel, hold out, pack, mix by weight, cache.
 
-This is the only data module that knows about Ray. Each source's parquet row groups are its units of
-work; Ray Data tasks tokenize the units, send each document to the source's training or validation
+This is the only data module that knows about Ray; what runs inside its tasks is in tasks.py. Each source's
+parquet row groups are its units of work (units.py); Ray Data tasks tokenize the units, send each document to the source's training or validation
 stream (a seeded random sample of documents is held out, split.py), and save the unit's stretch of both
 streams. Other tasks then cut each stretch into the rows it fills, labelled by the shard of the cache that
 stores them; Ray Data groups the pieces by shard, and one task per shard writes it whole (see `cache.py`).
@@ -17,49 +17,50 @@ have their rows, so a hub-sized source costs only the tokens the budget asks for
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import math
 import os
 import shutil
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tokenizers import Tokenizer
 
 from rayb import storage
-from rayb.data import held_out
-from rayb.data.cache import MANIFEST, TokenCache, shard_name, unigram_entropy
+from rayb.data import held_out, tasks
+from rayb.data.buildlog import BuildLog
+from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
 from rayb.data.held_out import HELD_OUT_DIR
-from rayb.data.packing import pieces_by_shard, split_rows
+from rayb.data.packing import split_rows
 from rayb.data.sources import ResolvedSource, resolve
 from rayb.data.spec import DataSpec
 from rayb.data.split import HeldOutRule
 from rayb.data.tokenizer import ensure_pretrained, load_tokenizer, train_bpe
+from rayb.data.units import (
+    SPLITS,
+    Units,
+    first_bytes,
+    in_order,
+    missing,
+    open_shard,
+    text_values,
+    tokens,
+    units_to_read,
+)
 from rayb.files import atomic_directory, digest
 from rayb.lock import waiting_lock
 
 CACHE_FORMAT_VERSION = 2  # 2: held-out documents are a seeded random sample (1: a source's first rows)
 BPE_SAMPLE_CHARS = 6_000_000  # enough text for a stable small-vocabulary BPE, seconds to train
 STREAM_DIR = "streams"  # the units' stretches of the packed streams, while the cache is built
-SPLITS = ("train", "val")
-MIN_BYTES_PER_TOKEN = 2.0  # fewer than almost any tokenizer on almost any text: see _first_bytes
 SHARD_BYTES = 64 * 2**20  # a shard of the training rows: one task assembles it, one object holds it
 
 
 class SourceTooSmall(ValueError):
-    pass
-
-
-class BadShard(ValueError):
     pass
 
 
@@ -129,56 +130,9 @@ def _build(
     return TokenCache(build)
 
 
-class BuildLog:
-    """What each stage of a build did and how long it took: the manifest's `build_stages`, and a line per
-    stage for whoever watches the build (`rayb data prepare` prints them)."""
-
-    def __init__(self, progress: Callable[[str], None]):
-        self.progress, self.stages = progress, {}
-        self._began = self._last = time.perf_counter()
-
-    def done(self, stage: str, detail: str = "", **counts) -> None:
-        """A stage has ended now. counts: rows, tokens, docs, and seconds its tasks spent per part (`*_s`)."""
-        now = time.perf_counter()
-        seconds, self._last = now - self._last, now
-        self.stages[stage] = {"s": round(seconds, 2), **{k: round(v, 2) for k, v in counts.items()}}
-        self.progress(stage_line(stage, seconds, detail, counts))
-
-    def total_s(self) -> float:
-        return round(time.perf_counter() - self._began, 2)
-
-
-def stage_line(stage: str, seconds: float, detail: str, counts: dict) -> str:
-    """'tokenize: 5,000 documents, 1,234,567 tokens in 2.1 s (0.59M tokens/s)'."""
-    what = [f"{counts[k]:,} {k}" for k in ("docs", "rows") if k in counts]
-    if "tokens" in counts:
-        what.append(f"{counts['tokens']:,} tokens")
-    rate = f" ({counts['tokens'] / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)" if counts.get("tokens") else ""
-    return f"{stage}: {', '.join([detail] * bool(detail) + what)} in {seconds:.1f} s{rate}".replace(
-        "docs", "documents"
-    )
-
-
 def data_key(spec: DataSpec, resolved: dict[str, ResolvedSource]) -> str:
     content = {name: r.fingerprint for name, r in resolved.items()}
     return digest({"spec": spec.hashed(), "content": content, "format": CACHE_FORMAT_VERSION})
-
-
-def _columns(fields: pa.Schema | pa.StructType, prefix: str = "") -> list[str]:
-    """Every column a text_column can name: top-level ones, and struct fields as dotted paths."""
-    names = []
-    for field in fields:
-        names.append(prefix + field.name)
-        if pa.types.is_struct(field.type):
-            names += _columns(field.type, f"{prefix}{field.name}.")
-    return names
-
-
-def text_values(table: pa.Table, column: str) -> list:
-    """The values of a (possibly dotted, struct-field) text column."""
-    top, *path = column.split(".")
-    values = table.column(top)
-    return (pc.struct_field(values, path) if path else values).to_pylist()
 
 
 # ----- tokenizer ----------------------------------------------------------------------------------
@@ -220,20 +174,6 @@ def _documents(source: ResolvedSource, column: str):
             yield from text_values(pa.Table.from_batches([batch]), column)
 
 
-def open_shard(path: str, filesystem, column: str) -> pq.ParquetFile:
-    """A parquet shard, checked: a corrupt file or a missing text column fails here, by name, instead of
-    as a remote task error halfway through tokenizing."""
-    try:
-        shard = pq.ParquetFile(path, filesystem=filesystem)
-    except (OSError, pa.ArrowException) as exc:
-        raise BadShard(f"cannot read parquet shard {path}: {exc}") from None
-    if column not in _columns(shard.schema_arrow):
-        raise BadShard(
-            f"parquet shard {path} has no text column '{column}'; its columns: {_columns(shard.schema_arrow)}"
-        )
-    return shard
-
-
 def _held_out(
     spec: DataSpec, held_texts: list[list[str]], manifest: dict, tokenizer_dir: Path, val: np.ndarray
 ) -> held_out.HeldOut:
@@ -263,65 +203,6 @@ def _written_rows(rows_at: str, split: str, manifest: dict) -> np.ndarray:
 
 
 # ----- tokenize, pack, place ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Unit:
-    """A tokenize task's share of a source: one parquet row group (read once, whole: pyarrow cannot read
-    part of one without decoding it)."""
-
-    source: int  # index into the study's sources
-    path: str
-    row_group: int
-    text_bytes: int  # its text column, uncompressed (from the footer): what a first round goes by
-
-
-class Units:
-    """A source's units in document order, its shards' footers read (and checked) only as units are
-    taken: a source of 10,000 shards whose token budget needs three opens three."""
-
-    def __init__(self, index: int, source: ResolvedSource, column: str):
-        self.index, self.source, self.column = index, source, column
-        self.shards_read = 0
-        self._paths = iter(source.paths)
-        self._ready: list[Unit] = []
-
-    def put_back(self, units: list[Unit]) -> None:
-        """Units taken but not read: they come next again."""
-        self._ready = units + self._ready
-
-    def take(self, n: int) -> list[Unit]:
-        while len(self._ready) < n and self._open_next():
-            pass
-        taken, self._ready = self._ready[:n], self._ready[n:]
-        return taken
-
-    def take_bytes(self, text_bytes: int, at_least: int) -> list[Unit]:
-        """The next units that hold `text_bytes` of text (or all there are), and at least `at_least`."""
-        taken = self.take(at_least)
-        while sum(u.text_bytes for u in taken) < text_bytes and (more := self.take(1)):
-            taken += more
-        return taken
-
-    def __bool__(self) -> bool:  # units left
-        return bool(self._ready) or self._open_next()
-
-    def _open_next(self) -> bool:
-        path = next(self._paths, None)
-        if path is None:
-            return False
-        shard = open_shard(path, self.source.filesystem, self.column)
-        self.shards_read += 1
-        meta = shard.metadata
-        self._ready += [Unit(self.index, path, group, _text_bytes(meta.row_group(group), self.column))
-                        for group in range(shard.num_row_groups)]  # fmt: skip
-        return True
-
-
-def _text_bytes(row_group: pq.RowGroupMetaData, column: str) -> int:
-    """The uncompressed bytes of a row group's text column (every leaf under a struct column)."""
-    chunks = (row_group.column(i) for i in range(row_group.num_columns))
-    return sum(c.total_uncompressed_size for c in chunks if f"{c.path_in_schema}.".startswith(f"{column}."))
-
-
 def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tokenizer_dir: Path,
                 rows_at: str, log: BuildLog) -> tuple[dict, list[list[str]]]:  # fmt: skip
     """Tokenize, hold out, pack and place every source's rows in tasks, writing them at `rows_at` (a local
@@ -421,14 +302,14 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
     done: list[list[dict]] = [[] for _ in spec.sources]
     nodes, work, numbered = set(), Counter(), 0
     parallel = _parallel(anywhere)
-    while short := [i for i in range(len(need)) if _missing(done[i], need[i]) and units[i]]:
+    while short := [i for i in range(len(need)) if missing(done[i], need[i]) and units[i]]:
         batch = []
         for i in short:
             if done[i]:
-                batch += units[i].take(_units_to_read(done[i], need[i], spec.held_out))
+                batch += units[i].take(units_to_read(done[i], need[i], spec.held_out))
             else:
                 batch += units[i].take_bytes(
-                    _first_bytes(need[i], spec.held_out), max(1, parallel // len(short))
+                    first_bytes(need[i], spec.held_out), max(1, parallel // len(short))
                 )
         # Numbers are never reused: a task still running when its round stopped may yet write its files.
         items = [{"unit": numbered + n, **asdict(u), "stem": storage.join(streams, str(numbered + n))}
@@ -436,25 +317,25 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
         numbered += len(items)
         results = {}
         for r in _in_tasks(
-            _tokenize_unit, items, anywhere, tuple(resolved[s.name].filesystem for s in spec.sources),
-            tuple(s.text_column for s in spec.sources), tokenizer_json, eos_id, dtype, streams, spec.held_out,
+            tasks.tokenize_unit, items, anywhere, tuple(resolved[s.name].filesystem for s in spec.sources),
+            tuple(s.text_column for s in spec.sources), tokenizer_json, eos_id, dtype, spec.held_out,
         ):  # fmt: skip
             results[int(r["unit"])] = r
             nodes.add(r["node"])
             work.update({k: r[k] for k in r if k.endswith("_s") or k == "docs"}, tokens=r["train"] + r["val"])
             if all(
-                not _missing(done[i] + kept, need[i]) for i, kept in _in_order(items, results, short).items()
+                not missing(done[i] + kept, need[i]) for i, kept in in_order(items, results, short).items()
             ):
                 break
-        kept = _in_order(items, results, short)
+        kept = in_order(items, results, short)
         for i in short:
             done[i] += kept[i]
             units[i].put_back(
                 [u for item, u in zip(items, batch, strict=True) if u.source == i][len(kept[i]) :]
             )
     for source, needed, read in zip(spec.sources, need, done, strict=True):
-        if _missing(read, needed):
-            held = {split: _tokens(read, split) for split in SPLITS}
+        if missing(read, needed):
+            held = {split: tokens(read, split) for split in SPLITS}
             raise SourceTooSmall(
                 f"data source '{source.name}' ({source.uri}) holds {held['train']:,} training tokens and "
                 f"{held['val']:,} held-out ones (a random {spec.held_out.probability:.1%} of its documents "
@@ -462,111 +343,6 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
                 "data.token_budget, change its weight, or add documents"
             )
     return done, len(nodes), work
-
-
-def _in_order(items: list[dict], results: dict[int, dict], sources: list[int]) -> dict[int, list[dict]]:
-    """Per source, the round's units that count, in document order: those done, up to its first one not
-    done. Each: {stem of its files, train and val tokens}."""
-    kept, gap = {i: [] for i in sources}, set()
-    for item in items:
-        source = item["source"]
-        if item["unit"] not in results:
-            gap.add(source)
-        elif source not in gap:
-            kept[source].append({"stem": item["stem"], **{s: int(results[item["unit"]][s]) for s in SPLITS}})
-    return kept
-
-
-def _tokens(read: list[dict], split: str) -> int:
-    return sum(unit[split] for unit in read)
-
-
-def _missing(read: list[dict], need: dict[str, int]) -> dict[str, int]:
-    """The tokens each of a source's streams still lacks (only the streams that lack some)."""
-    return {
-        split: need[split] - _tokens(read, split) for split in SPLITS if _tokens(read, split) < need[split]
-    }
-
-
-def _first_bytes(need: dict[str, int], rule: HeldOutRule) -> int:
-    """The text a source's first round reads: enough for its slower stream at MIN_BYTES_PER_TOKEN. Most
-    text has more bytes per token, so one round usually does, and it stops once it has enough
-    (`_tokenized`): reading the text in one Ray Data execution rather than two costs one start-up, and
-    keeps every core busy from the first task to the last."""
-    share = {"train": 1 - rule.probability, "val": rule.probability}
-    return math.ceil(MIN_BYTES_PER_TOKEN * max(need[split] / share[split] for split in SPLITS))
-
-
-def _units_to_read(read: list[dict], need: dict[str, int], rule: HeldOutRule) -> int:
-    """A later round reads as many units as a source's slower stream's token rate says are still missing
-    (and a quarter more: the round stops once it has enough, see `_tokenized`). A stream that has no
-    tokens yet is expected at its share of the tokens read."""
-    total = sum(_tokens(read, split) for split in SPLITS)
-    share = {"train": 1 - rule.probability, "val": rule.probability}
-    per_unit = {split: max(_tokens(read, split) or share[split] * total, 1) / len(read) for split in SPLITS}
-    return math.ceil(1.25 * max(missing / per_unit[split] for split, missing in _missing(read, need).items()))
-
-
-@functools.lru_cache(maxsize=4)
-def _fast_tokenizer(tokenizer_json: str) -> Tokenizer:
-    # The bare Rust tokenizer: loads in milliseconds and avoids importing transformers in Ray workers.
-    return Tokenizer.from_str(tokenizer_json)
-
-
-def _tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_json: str, eos_id: int,
-                   dtype: str, streams: str, rule: HeldOutRule) -> dict:  # fmt: skip
-    """Ray Data task: read a unit's documents, tokenize them, end each with EOS, and save the unit's
-    stretch of the source's training stream (`streams/<unit>-train.bin`) and of its validation stream
-    (`<unit>-val.bin`, the held-out documents), and the held-out documents' text (`<unit>-held.parquet`,
-    for the held-out record); return the stretches' lengths and the node it ran on."""
-    import ray
-
-    clock = _Clock()
-    column = columns[unit["source"]]
-    shard = pq.ParquetFile(unit["path"], filesystem=filesystems[unit["source"]])
-    table = shard.read_row_group(unit["row_group"], columns=[column.split(".")[0]])
-    texts = [t or "" for t in text_values(table, column)]
-    clock.lap("read")
-    held = np.array([rule.held(text) for text in texts], dtype=bool)
-    clock.lap("held_out")
-    docs = _fast_tokenizer(tokenizer_json).encode_batch(texts, add_special_tokens=False)
-    ids = [doc.ids for doc in docs]
-    clock.lap("tokenize")
-    streams_of = {"train": _stream([d for d, h in zip(ids, held, strict=True) if not h], eos_id, dtype),
-                  "val": _stream([d for d, h in zip(ids, held, strict=True) if h], eos_id, dtype)}  # fmt: skip
-    clock.lap("pack")
-    stem = unit["stem"]
-    for split, tokens in streams_of.items():
-        storage.write_bytes(f"{stem}-{split}.bin", tokens.tobytes())
-    held_texts = pa.table({"text": pa.array([t for t, h in zip(texts, held, strict=True) if h], pa.string())})
-    sink = pa.BufferOutputStream()
-    pq.write_table(held_texts, sink)
-    storage.write_bytes(f"{stem}-held.parquet", sink.getvalue().to_pybytes())
-    clock.lap("write")
-    lengths = {split: len(tokens) for split, tokens in streams_of.items()}
-    return {"unit": unit["unit"], "node": ray.get_runtime_context().get_node_id(), "docs": len(texts),
-            **lengths, **clock.laps}  # fmt: skip
-
-
-def _stream(docs: list[list[int]], eos_id: int, dtype: str) -> np.ndarray:
-    """Documents' tokens, each followed by EOS, as one array. Built by numpy from the flat ids: a
-    Python loop over every token cost about as much CPU as the tokenizer itself."""
-    lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
-    flat = np.fromiter(itertools.chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
-    return np.insert(flat, np.cumsum(lengths), np.asarray(eos_id, dtype=dtype))
-
-
-class _Clock:
-    """Seconds spent in each part of a task, for the build's time split (manifest `build_stages`)."""
-
-    def __init__(self):
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, part: str) -> None:
-        now = time.perf_counter()
-        self.laps[f"{part}_s"] = self.laps.get(f"{part}_s", 0.0) + now - self._last
-        self._last = now
 
 
 def _place(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtype: str, vocab: int,
@@ -585,57 +361,15 @@ def _place(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtyp
     default, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
         pieces = ray.data.from_items(jobs, override_num_blocks=len(jobs)).flat_map(
-            _pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), anywhere, free=True)
+            tasks.pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), anywhere, free=True)
         )
         written = pieces.groupby(["split", "shard"], num_partitions=shards).map_groups(
-            _write_shard, fn_args=(rows_at, shapes, dtype, vocab, shard_rows), batch_format="pyarrow",
+            tasks.write_shard, fn_args=(rows_at, shapes, dtype, vocab, shard_rows), batch_format="pyarrow",
             **_where(shards, anywhere, free=not anywhere),
         )  # fmt: skip
         return sum(np.frombuffer(row["counts"], dtype=np.int64) for row in written.iter_rows())
     finally:
         context.shuffle_strategy = default
-
-
-def _pieces(job: dict, slots: np.ndarray, shapes: dict, dtype: str, shard_rows: dict[str, int]) -> list[dict]:
-    """Ray Data task: a stretch of a stream, cut into the pieces each shard of its split stores. A
-    source's validation rows go to val.bin in stream order from row `at`; its training rows `at`, `at` + 1,
-    ... to their shuffled slots in train.bin."""
-    split = job["split"]
-    tokens = np.frombuffer(storage.read_bytes(job["file"]), dtype=dtype)[: job["length"]]
-    slots = slots if split == "train" else None
-    return [
-        {"split": split, "shard": shard, "column": column,
-         "rows": rows.astype(np.int64).tobytes(), "tokens": np.ascontiguousarray(block).tobytes()}
-        for shard, column, rows, block in pieces_by_shard(
-            tokens, job["offset"], shapes[split][1], job["at"], slots, shard_rows[split]
-        )
-    ]  # fmt: skip
-
-
-def _write_shard(pieces: pa.Table, rows_at: str, shapes: dict, dtype: str, vocab: int,
-                 shard_rows: dict[str, int]) -> pa.Table:  # fmt: skip
-    """Ray Data task: assemble one shard of a split from its pieces and write it: as its own object on
-    object storage (`shard_name`), as its rows of the split's file locally. Returns the token counts of
-    the training rows it wrote."""
-    split, shard = pieces["split"][0].as_py(), pieces["shard"][0].as_py()
-    total, seq_len = shapes[split]
-    first = shard * shard_rows[split]
-    out = np.zeros((min(shard_rows[split], total - first), seq_len), dtype=dtype)
-    for column, rows, tokens in zip(
-        *(pieces[c].to_pylist() for c in ("column", "rows", "tokens")), strict=True
-    ):
-        at = np.frombuffer(rows, dtype=np.int64)
-        block = np.frombuffer(tokens, dtype=dtype).reshape(len(at), -1)
-        out[at, column : column + block.shape[1]] = block
-    if storage.is_remote(rows_at):
-        shards = math.ceil(total / shard_rows[split])
-        storage.write_bytes(storage.join(rows_at, shard_name(split, shard, shards)), out.tobytes())
-    else:
-        split_file = np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="r+", shape=shapes[split])
-        split_file[first : first + len(out)] = out
-        split_file.flush()
-    counts = np.bincount(out.ravel(), minlength=vocab) if split == "train" else np.zeros(vocab, np.int64)
-    return pa.table({"counts": [counts.astype(np.int64).tobytes()]})
 
 
 def _driver_node_cpus() -> int:
@@ -646,7 +380,7 @@ def _driver_node_cpus() -> int:
     return int(next(n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node))
 
 
-def _where(tasks: int, anywhere: bool, free: bool = False) -> dict:
+def _where(n_tasks: int, anywhere: bool, free: bool = False) -> dict:
     """Where a stage's Ray Data tasks run, and how many at once. `anywhere`: on any node, one per CPU of
     the cluster. Otherwise on the driver's node, `_cores()` at once: they read and write the build's
     scratch files on its disk (a task on another node would write where the driver cannot read, or, over
@@ -657,11 +391,11 @@ def _where(tasks: int, anywhere: bool, free: bool = False) -> dict:
 
     if anywhere:
         return {
-            "compute": ray.data.TaskPoolStrategy(size=min(tasks, _parallel(anywhere))),
+            "compute": ray.data.TaskPoolStrategy(size=min(n_tasks, _parallel(anywhere))),
             "num_cpus": 0 if free else 1,
         }
     return {
-        "compute": ray.data.TaskPoolStrategy(size=max(1, min(tasks, _cores()))),
+        "compute": ray.data.TaskPoolStrategy(size=max(1, min(n_tasks, _cores()))),
         "label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()},
         "num_cpus": 0 if free or not _driver_node_cpus() else 1,
     }
