@@ -217,16 +217,26 @@ def packing_verdict(alone_s: float, packed_s: float, seeds: int = PACKED_SEEDS) 
             f"{ratio:.2f}× one seed's wall (goal ≤ {PACKING_GOAL:g}×: {met})")  # fmt: skip
 
 
+def print_rate(name: str, rate: float, flops: float, peak: float, notes: tuple[str, str]) -> None:
+    """One measured setup, printed as soon as it is measured: a run cut short still reports what it got."""
+    print(
+        f"measured: {name:<34}{rate:>12,.0f} tokens/s{rate * flops / peak:>8.1%} MFU  {describe_precisions(*notes)}"
+    )
+
+
 def gpt2_check(args, peak: float, device: str) -> list[Measurement]:
     """Section 2: GPT-2 124M, a bare loop against rayb; rayb's eager MFU as a measurement."""
     flops = flops_per_token("gpt2")
     batch = args.batch or largest_batch()
     print(f"\nGPT-2 124M, micro-batch {batch} × {SEQ}, {flops / 1e9:.3f} GFLOPs per trained token")
-    rates = {
-        "bare loop, eager": bare_tokens_per_s(batch, args.warmup, args.steps, compile=False),
-        "bare loop, torch.compile": bare_tokens_per_s(batch, args.warmup, args.steps, compile=True),
-    }
-    notes, walls = {name: ("bf16 autocast", "none") for name in rates}, {}
+    rates, notes, walls = {}, {}, {}
+    for compile in (False, True):
+        name = f"bare loop, {'torch.compile' if compile else 'eager'}"
+        rates[name], notes[name] = (
+            bare_tokens_per_s(batch, args.warmup, args.steps, compile),
+            ("bf16 autocast", "none"),
+        )
+        print_rate(name, rates[name], flops, peak, notes[name])
     for compile in (False, True):
         name = f"rayb, {'train.compile' if compile else 'eager'}"
         with tempfile.TemporaryDirectory(prefix="rayb-gpu-check-") as root:
@@ -235,9 +245,7 @@ def gpt2_check(args, peak: float, device: str) -> list[Measurement]:
             (trial,), walls[name], _ = run_rayb(study, Path(root) / "out")
             rates[name], notes[name] = median_tokens_per_s(trial, args.warmup), precisions(trial)
             kernels = json.loads((trial / "train_result.json").read_text())["kernels"]
-    print(f"\n{'setup':<40}{'tokens/s':>12}{'MFU':>8}  precision")
-    for name, rate in rates.items():
-        print(f"{name:<40}{rate:>12,.0f}{rate * flops / peak:>8.1%}  {describe_precisions(*notes[name])}")
+        print_rate(name, rates[name], flops, peak, notes[name])
     bare = max(rates["bare loop, eager"], rates["bare loop, torch.compile"])
     rayb = max(rates["rayb, eager"], rates["rayb, train.compile"])
     print(f"\nbare loop (best) MFU {bare * flops / peak:.1%} (target ≥ 40%)")
@@ -263,9 +271,8 @@ def packing_check(args, peak: float, device: str) -> list[Measurement]:
             # The trials train side by side: together, the GPU's rate.
             rate = sum(median_tokens_per_s(t, args.warmup) for t in trials)
             runs[seeds] = (rate, training_s, precisions(trials[0]))
-    for seeds, (rate, _, notes) in runs.items():
         label = "one seed alone" if seeds == 1 else f"{seeds} seeds packed (together)"
-        print(f"{label:<40}{rate:>12,.0f}{rate * flops / peak:>8.1%}  {describe_precisions(*notes)}")
+        print_rate(label, rate, flops, peak, runs[seeds][2])
     print(packing_verdict(runs[1][1], runs[PACKED_SEEDS][1]))
     return [
         measurement(device, SMALL, flops, rate, peak, seeds, notes[0])

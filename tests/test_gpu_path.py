@@ -225,6 +225,53 @@ def test_a_gpu_study_without_the_fused_kernels_stops_before_training(monkeypatch
     assert "mamba-ssm, causal-conv1d, flash-linear-attention" in message and "allow_slow_kernels" in message
 
 
+@pytest.mark.parametrize(
+    ("capability", "triton", "tilelang", "gdn_fla", "rwkv6_fla"),
+    [
+        ((9, 0), "3.6.0", False, False, False),  # an H200 as lent here: fla #640
+        ((9, 0), "3.6.0", True, True, False),  # fla swaps in tilelang's kernel for Gated DeltaNet only
+        ((9, 0), "3.7.1", False, True, True),  # the fixed Triton
+        ((9, 0), "3.3.1", False, True, True),  # before the regression
+        ((8, 0), "3.6.0", False, True, True),  # an A100
+    ],
+)
+def test_fla_kernels_are_refused_where_triton_miscompiles_them(
+    monkeypatch, capability, triton, tilelang, gdn_fla, rwkv6_fla
+):
+    """On a Hopper GPU under Triton 3.4.0 to 3.7.0, fla's gated chunk kernels are wrong (fla issue #640;
+    RWKV-6's disagreed with the recurrence by 0.34 on an H200): Gated DeltaNet and RWKV-6 run rayb's chunked
+    PyTorch path there, reported as a slow fallback with the fix, and the mixers never load fla."""
+    import importlib.metadata
+
+    from rayb.models import kernels
+    from rayb.models.registry import get_arch
+
+    version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: triton if name == "triton" else version(name)
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(
+        kernels, "importable", lambda m: m.startswith("fla.ops") or (m == "tilelang" and tilelang)
+    )
+    kernels.fla_refusal.cache_clear()
+    try:
+        for arch, module, trusted in [
+            ("gated_deltanet", "fla.ops.gated_delta_rule", gdn_fla),
+            ("rwkv6", "fla.ops.rwkv6", rwkv6_fla),
+        ]:
+            (path,) = get_arch(arch).kernels("cuda")
+            assert path.slow is not trusted, (arch, path)
+            if trusted:
+                assert path.path.startswith("fla "), path
+            else:
+                assert "miscompiles fla's gated chunk kernels on Hopper" in path.path
+                assert "Triton >= 3.7.1" in path.install and ("tilelang" in path.install) is (arch != "rwkv6")
+                assert kernels.fla_module(module, tilelang_fixes=arch != "rwkv6") is None
+    finally:
+        kernels.fla_refusal.cache_clear()
+
+
 # ----- evaluation on a GPU -------------------------------------------------------------------------------
 def test_the_speed_suite_gets_a_whole_gpu_and_the_others_share(tiny_trial):
     from rayb.eval.actors import EvalJob, gpus_for

@@ -13,7 +13,6 @@ rayb's SwiGLU (gate/up/down where fla has gate_proj/up_proj/down_proj).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from dataclasses import dataclass
 
@@ -26,6 +25,8 @@ from rayb.models import kernels
 from rayb.models.accounting import Cost
 from rayb.models.common import LMOutput, SwiGLU, init_normal, swiglu_width
 from rayb.models.registry import Architecture, InnerWidth, register
+
+FLA_MODULE = "fla.ops.gated_delta_rule"  # the GPU kernels (kernels.fla_module)
 
 
 @dataclass
@@ -123,13 +124,8 @@ def sequential_gated_delta_rule(q, k, v, g, beta, state=None):
     return torch.cat(out, dim=1), state
 
 
-@functools.cache
-def _fla_ops():  # None without fla; only ever imported for CUDA tensors (it needs triton and a GPU)
-    try:
-        import fla.ops.gated_delta_rule as ops
-    except ImportError:
-        return None
-    return ops
+def _fla_ops():  # None without fla or where its kernels are wrong; only asked for CUDA tensors
+    return kernels.fla_module(FLA_MODULE, tilelang_fixes=True)
 
 
 def gated_delta_rule(q, k, v, g, beta, state, chunk_size):
@@ -312,7 +308,9 @@ register(
         aspect=64.0,
         knobs=(InnerWidth("d_ff", swiglu_width),),
         description="Gated DeltaNet (fla parameterization); pure-PyTorch chunked on CPU, fla kernels on GPU",
-        kernel_paths=kernels.fla("delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule"),
+        kernel_paths=kernels.fla(
+            "delta rule", "chunk_gated_delta_rule", "rayb chunked delta rule", FLA_MODULE, tilelang_fixes=True
+        ),
         reference="the sequential delta rule",
     )
 )

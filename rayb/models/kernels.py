@@ -65,16 +65,57 @@ def mamba2(device: str) -> list[KernelPath]:
     return [KernelPath("SSD", "transformers' PyTorch chunked SSD", slow=True, install=CUDA_EXTRA)]
 
 
-def fla(component: str, kernel: str, fallback: str):
-    """The paths of a mixer that runs fla's `kernel` on CUDA when fla imports, else rayb's `fallback`."""
+# fla's gated chunk kernels compute wrong results on Hopper GPUs (H100, H200) under Triton 3.4.0 to 3.7.0
+# (fla issue #640). fla 0.6.0 refuses there only in Gated DeltaNet's backward, unless tilelang is installed
+# to replace that kernel; its RWKV-6 chunk kernels have no such guard, and on an H200 with Triton 3.6.0
+# chunk_rwkv6 disagreed with the recurrence by 0.34 (relative, rayb's bf16 self-check). On such a GPU rayb
+# runs its own chunked PyTorch path instead: correct, and reported as the slow fallback it is.
+HOPPER_BAD_TRITON = ("3.4.0", "3.7.1")  # [first bad, first fixed)
+TRITON_FIX = f"Triton >= {HOPPER_BAD_TRITON[1]} (fla issue #640)"
+
+
+@functools.cache
+def fla_refusal(tilelang_fixes: bool) -> str | None:
+    """Why fla's kernels must not run on this machine's CUDA device, or None. `tilelang_fixes`: fla
+    replaces the miscompiled kernel with tilelang's where tilelang is installed (Gated DeltaNet)."""
+    import importlib.metadata
+
+    import torch
+    from packaging.version import Version
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # no triton, no fla kernels either
+    first_bad, fixed = (Version(v) for v in HOPPER_BAD_TRITON)
+    if torch.cuda.get_device_capability()[0] != 9 or not first_bad <= Version(triton) < fixed:
+        return None
+    if tilelang_fixes and importable("tilelang"):
+        return None
+    return f"Triton {triton} miscompiles fla's gated chunk kernels on Hopper GPUs"
+
+
+def fla_module(module: str, tilelang_fixes: bool):
+    """fla's `module` (e.g. `fla.ops.rwkv6`) where its kernels may run on this machine's CUDA device, else
+    None: fla is missing, or `fla_refusal` says they are wrong here. Only ever asked for CUDA tensors."""
+    if not importable(module) or fla_refusal(tilelang_fixes) is not None:
+        return None
+    return importlib.import_module(module)
+
+
+def fla(component: str, kernel: str, fallback: str, module: str, tilelang_fixes: bool):
+    """The paths of a mixer that runs fla's `kernel` (from `module`) on CUDA where `fla_module` allows,
+    else rayb's `fallback`."""
 
     def paths(device: str) -> list[KernelPath]:
         if device != "cuda":
             return [KernelPath(component, f"{fallback} (PyTorch)")]
-        # fla.ops, not fla: fla-core's package root imports without triton, its kernels do not.
-        if importable("fla.ops"):
-            return [KernelPath(component, f"fla {kernel} (Triton)")]
-        return [KernelPath(component, f"{fallback} (PyTorch)", slow=True, install=CUDA_EXTRA)]
+        if not importable(module):
+            return [KernelPath(component, f"{fallback} (PyTorch)", slow=True, install=CUDA_EXTRA)]
+        if why := fla_refusal(tilelang_fixes):
+            fix = TRITON_FIX + (" or tilelang" if tilelang_fixes else "")
+            return [KernelPath(component, f"{fallback} (PyTorch; {why})", slow=True, install=fix)]
+        return [KernelPath(component, f"fla {kernel} (Triton)")]
 
     return paths
 

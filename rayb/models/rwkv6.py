@@ -32,6 +32,7 @@ from rayb.models.registry import Architecture, InnerWidth, register
 
 CHUNK = 16  # tokens per chunk of the CPU kernel: the [C, C, head_size] decay tensor stays small
 HEAD_SIZE_DIVISOR = 8  # RWKV-6 folds it into ln_x's eps (v5 divided the input by it instead)
+FLA_MODULE = "fla.ops.rwkv6"  # the GPU kernels (kernels.fla_module)
 MIN_LOG_DECAY = -60.0  # a per-token decay below e^-60 already forgets everything; the floor keeps every
 # exponent finite, so gradients through a saturated decay stay finite too
 
@@ -137,13 +138,9 @@ def wkv(r, k, v, log_w, u, state=None):
     `recurrent_wkv` within `kernels.reference_paths()`."""
     if kernels.reference_only():
         return recurrent_wkv(r, k, v, log_w, u, state)
-    if r.is_cuda:  # ---- GPU branch: UNTESTED here (no GPU). fla ≥ 0.2 (no head_first argument). ----
-        try:
-            from fla.ops.rwkv6 import chunk_rwkv6
-        except ImportError:
-            pass
-        else:
-            return chunk_rwkv6(r, k, v, log_w, u, scale=1.0, initial_state=state, output_final_state=True)
+    # fla ≥ 0.2 (no head_first argument); None without fla or where its kernels are wrong (kernels.py)
+    if r.is_cuda and (fla := kernels.fla_module(FLA_MODULE, tilelang_fixes=False)) is not None:
+        return fla.chunk_rwkv6(r, k, v, log_w, u, scale=1.0, initial_state=state, output_final_state=True)
     return chunked_wkv(r, k, v, log_w, u, state)
 
 
@@ -330,7 +327,7 @@ register(
         aspect=64.0,
         knobs=(InnerWidth("d_ffn", default_ffn),),
         description="RWKV-6 Finch; pure-PyTorch chunked on CPU, fla kernels on GPU",
-        kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV"),
+        kernel_paths=kernels.fla("WKV", "chunk_rwkv6", "rayb chunked WKV", FLA_MODULE, tilelang_fixes=False),
         reference="the sequential WKV recurrence",
     )
 )
