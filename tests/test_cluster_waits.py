@@ -13,7 +13,7 @@ from conftest import tiny_study_dict
 from rayb.runner import plan_trials
 from rayb.study import parse_study
 from rayb.train.trial import TrialPack
-from rayb.tune.sweep import ClusterWatch, run_pool
+from rayb.tune.sweep import run_pool
 
 pytestmark = pytest.mark.ray
 CPUS = os.cpu_count() or 1
@@ -54,10 +54,9 @@ def test_a_worker_group_waits_for_resources_longer_than_ray_trains_start_timeout
     assert pack.trials[0].done and time.monotonic() - began > 16
 
 
-def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_cache, tmp_path, monkeypatch):
+def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_cache, tmp_path):
     """A trial that needs more CPUs than the fixed cluster has (as after losing a node) would wait forever:
     the sweep's watch stops it, and every unfinished trial records why."""
-    monkeypatch.setattr(ClusterWatch, "WATCH_S", 1.0)
     pack = _pack(tiny_cache, tmp_path, CPUS + 1)
     study_dir = tmp_path / "study"
     study_dir.mkdir()

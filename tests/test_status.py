@@ -85,3 +85,36 @@ def test_a_trial_whose_training_raised_is_failed_with_its_traceback_named(study_
     status = study_status(study_dir)
     assert status.trials[1].state == "failed" and status.trials[1].error == str(running / TRIAL_ERROR)
     assert f"gpt2 seed 1: traceback in {running / TRIAL_ERROR}" in status_table(status).caption
+
+
+def test_the_line_view_says_each_cluster_state_however_briefly_it_lasted(study_dir):
+    """A node that boots between two ticks of the line view (CI, `ray job logs`): the view still says that
+    the study waited for it, then that the nodes are ready; an earlier run's states are not repeated."""
+    import io
+
+    from rich.console import Console
+
+    from rayb.report import progress
+    from rayb.report.status import write_cluster
+
+    class Ticks:
+        """The view's stop event: before its first look the node is asked for and boots; it stops after
+        its second look."""
+
+        looks = 0
+
+        def wait(self, _timeout: float) -> bool:
+            self.looks += 1
+            if self.looks == 1:
+                write_cluster(study_dir, "waiting for nodes: the autoscaler is starting 1 cpu2")
+                write_cluster(study_dir, None)
+            return self.looks > 2
+
+    write_cluster(study_dir, "stopped: an earlier run's")
+    out = io.StringIO()
+    progress._lines(study_dir, Console(file=out, width=200), Ticks())
+    said = [line for line in out.getvalue().splitlines() if line.startswith("rayb cluster")]
+    assert said == [
+        "rayb cluster: waiting for nodes: the autoscaler is starting 1 cpu2",
+        "rayb cluster: nodes ready",
+    ]

@@ -24,6 +24,7 @@ from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TRIAL_ERROR, TrialSpec, read_metrics
 
 TRIALS_NAME = "trials.json"
+CLUSTER_HISTORY = 20  # the cluster states cluster.json keeps (write_cluster)
 CLUSTER_NAME = "cluster.json"  # what the cluster does for the study's trials (sweep.py's ClusterWatch)
 RECENT_STEPS = 10  # the steps whose mean time gives a running trial's ETA
 
@@ -60,10 +61,22 @@ def write_trials(study_dir: Path | str, trials: list[TrialSpec]) -> None:
 
 
 def write_cluster(study_dir: Path | str, what: str | None) -> None:
-    """What the cluster is doing for the study's trials, in words; None once it is doing nothing for them."""
+    """What the cluster is doing for the study's trials, in words; None once it is doing nothing for them.
+    The record keeps the last CLUSTER_HISTORY of them and counts them all, so a watcher that looks less
+    often than the cluster changes (a node that boots between two looks) still says each one."""
     from rayb.files import write_json_atomic
 
-    write_json_atomic(storage.join(study_dir, CLUSTER_NAME), {"cluster": what, "at": time.time()})
+    where = storage.join(study_dir, CLUSTER_NAME)
+    before = read_json(where)
+    history = (before.get("history") or [])[1 - CLUSTER_HISTORY :] + [what]
+    changes = before.get("changes", 0) + 1
+    write_json_atomic(where, {"cluster": what, "at": time.time(), "history": history, "changes": changes})
+
+
+def cluster_changes(study_dir: Path | str) -> tuple[int, list[str | None]]:
+    """(how many times the cluster's state was written, the last of those states, oldest first)."""
+    record = read_json(storage.join(study_dir, CLUSTER_NAME))
+    return record.get("changes", 0), record.get("history") or []
 
 
 def study_status(study_dir: Path | str) -> StudyStatus:

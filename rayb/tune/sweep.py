@@ -67,7 +67,7 @@ class ClusterWatch(tune.Stopper):
     `rayb status`, and a cluster that can no longer ever fit a trial (a fixed cluster that lost its nodes)
     stops the sweep, naming why, where the trials would otherwise wait forever."""
 
-    WATCH_S = 5.0
+    WATCH_S = 1.0  # a node may boot within a few seconds: each look is a GCS read or two
 
     def __init__(self, train: TrainSpec, study_dir: str | None):
         self.train, self.study_dir = train, study_dir
