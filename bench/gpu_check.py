@@ -232,10 +232,8 @@ def gpt2_check(args, peak: float, device: str) -> list[Measurement]:
     rates, notes, walls = {}, {}, {}
     for compile in (False, True):
         name = f"bare loop, {'torch.compile' if compile else 'eager'}"
-        rates[name], notes[name] = (
-            bare_tokens_per_s(batch, args.warmup, args.steps, compile),
-            ("bf16 autocast", "none"),
-        )
+        rates[name] = bare_tokens_per_s(batch, args.warmup, args.steps, compile)
+        notes[name] = ("bf16 autocast", "none")
         print_rate(name, rates[name], flops, peak, notes[name])
     for compile in (False, True):
         name = f"rayb, {'train.compile' if compile else 'eager'}"

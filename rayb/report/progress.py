@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from rayb import storage
-from rayb.report.status import StudyStatus, cluster_changes, status_table, study_status
+from rayb.report.status import StudyStatus, status_table, study_status
 from rayb.threads import beside
 
 TICK_S = 1.0
@@ -41,16 +41,11 @@ def _read(study_dir: Path | str) -> StudyStatus | None:
         return None
 
 
-def _cluster_states(study_dir: Path | str, printed: int | None) -> tuple[int, list[str | None]]:
-    """(the cluster states written so far, those after the first `printed` of them): each one, however
-    briefly it lasted between two ticks."""
-    try:
-        changes, history = cluster_changes(study_dir)
-    except (OSError, ValueError):  # caught mid-write: the next tick reads it
-        return printed or 0, []
-    if printed is None or changes <= printed:
-        return changes, []
-    return changes, history[-min(changes - printed, len(history)) :]
+def _new_cluster_states(status: StudyStatus, printed: int) -> list[str | None]:
+    """The cluster states written after the first `printed` of them: each one, however briefly it lasted
+    between two ticks."""
+    news = min(status.cluster_changes - printed, len(status.cluster_history))
+    return list(status.cluster_history[len(status.cluster_history) - news :]) if news > 0 else []
 
 
 def _tick(study_dir: Path | str) -> float:
@@ -66,13 +61,13 @@ def _live(study_dir: Path | str, console: Console, stop: threading.Event) -> Non
 
 def _lines(study_dir: Path | str, console: Console, stop: threading.Event) -> None:
     states: dict[tuple[str, float, int], str] = {}
-    printed, _ = _cluster_states(study_dir, None)  # an earlier run's are not news
+    printed = status.cluster_changes if (status := _read(study_dir)) else 0  # an earlier run's are not news
     said = time.monotonic()
     while not stop.wait(_tick(study_dir)):
         status = _read(study_dir)
         if status is None:
             continue
-        printed, new = _cluster_states(study_dir, printed)
+        new, printed = _new_cluster_states(status, printed), status.cluster_changes
         for cluster in new:
             console.print(f"rayb cluster: {cluster or 'nodes ready'}", highlight=False)
             said = time.monotonic()

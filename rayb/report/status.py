@@ -51,6 +51,8 @@ class StudyStatus:
     evaluations_total: int
     finished: bool  # the study's results table is written
     cluster: str | None = None  # what the cluster does while trials wait ("waiting for nodes: ...")
+    cluster_changes: int = 0  # how many cluster states were ever written (write_cluster) ...
+    cluster_history: tuple[str | None, ...] = ()  # ... and the last of them, oldest first
 
 
 def write_trials(study_dir: Path | str, trials: list[TrialSpec]) -> None:
@@ -73,12 +75,6 @@ def write_cluster(study_dir: Path | str, what: str | None) -> None:
     write_json_atomic(where, {"cluster": what, "at": time.time(), "history": history, "changes": changes})
 
 
-def cluster_changes(study_dir: Path | str) -> tuple[int, list[str | None]]:
-    """(how many times the cluster's state was written, the last of those states, oldest first)."""
-    record = read_json(storage.join(study_dir, CLUSTER_NAME))
-    return record.get("changes", 0), record.get("history") or []
-
-
 def study_status(study_dir: Path | str) -> StudyStatus:
     """Every trial's state and the evaluations done, from the study directory and the trials' files (on
     local disk or object storage). Raises FileNotFoundError for a directory that is not a study rayb has
@@ -96,6 +92,7 @@ def study_status(study_dir: Path | str) -> StudyStatus:
     suites = study.get("eval", ["lm"])
     options = study.get("eval_options", {})
     trained = [t for t in trials if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
+    cluster = read_json(storage.join(study_dir, CLUSTER_NAME))
     done = sum(
         bool(read_result(t.trial_dir, suite, options.get(suite.split(":")[0], {})).get("status"))
         for t in trained
@@ -105,7 +102,8 @@ def study_status(study_dir: Path | str) -> StudyStatus:
         name=study.get("name", storage.name(study_dir)), trials=[_trial_status(t) for t in trials],
         evaluations_done=done, evaluations_total=len(trained) * len(suites),
         finished=storage.exists(storage.join(study_dir, RESULTS_NAME)),
-        cluster=read_json(storage.join(study_dir, CLUSTER_NAME)).get("cluster"),
+        cluster=cluster.get("cluster"), cluster_changes=cluster.get("changes", 0),
+        cluster_history=tuple(cluster.get("history") or ()),
     )  # fmt: skip
 
 
