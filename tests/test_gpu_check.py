@@ -43,6 +43,7 @@ def test_a_measurement_is_what_rayb_plan_reads_for_that_gpu(tmp_path):
     record_measurements(tmp_path / "mfu.json", [packed])
     assert read_measurements(tmp_path / "mfu.json", "h100") == [packed]
     assert gc.gpu_of("NVIDIA A100-SXM4-40GB") == "a100" and gc.gpu_of("Tesla V100") is None
+    assert gc.gpu_of("NVIDIA L4") == "l4" and gc.gpu_of("NVIDIA L40S") is None
 
 
 def test_precisions_come_from_the_trials_own_records(tmp_path):

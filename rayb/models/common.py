@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,23 @@ from torch import nn
 class LMOutput:
     logits: torch.Tensor
     state: Any = None  # per-layer recurrent state after the last token, when asked for
+
+
+def autocast_off(kernel):
+    """Run a PyTorch stand-in for a fused kernel (or its reference) with autocast off. The kernels
+    accumulate in fp32; under bf16 autocast every matmul inside a stand-in would round to bf16, and the
+    chunked and sequential forms, rounding at different places, would disagree by tens of percent on a GPU
+    (seen on an H100: RWKV-6 0.3, Gated DeltaNet 0.1). The stand-ins cast their inputs to fp32 themselves."""
+
+    @functools.wraps(kernel)
+    def in_fp32(*args, **kwargs):
+        device = next(a for a in args if isinstance(a, torch.Tensor)).device.type
+        if not torch.amp.is_autocast_available(device):  # the meta device FLOP counting runs on
+            return kernel(*args, **kwargs)
+        with torch.autocast(device, enabled=False):
+            return kernel(*args, **kwargs)
+
+    return in_fp32
 
 
 def round_up(value: int, multiple: int) -> int:

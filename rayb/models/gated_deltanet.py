@@ -23,7 +23,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from rayb.models import kernels
 from rayb.models.accounting import Cost
-from rayb.models.common import LMOutput, SwiGLU, init_normal, swiglu_width
+from rayb.models.common import LMOutput, SwiGLU, autocast_off, init_normal, swiglu_width
 from rayb.models.registry import Architecture, InnerWidth, register
 
 FLA_MODULE = "fla.ops.gated_delta_rule"  # the GPU kernels (kernels.fla_module)
@@ -56,6 +56,7 @@ class GatedDeltaNetConfig:
 # ---- the recurrence, two ways: whole chunks at once (training, prefill) and one token (decoding) ----
 
 
+@autocast_off
 def chunk_gated_delta_rule(q, k, v, g, beta, state=None, chunk_size=64):
     """q, k [B,T,H,K] (unit-norm; q already scaled), v [B,T,H,V], g (log-decay) and beta [B,T,H],
     state [B,H,K,V] or None. Returns o [B,T,H,V] and the state after the last token (fp32, as fla)."""
@@ -104,6 +105,7 @@ def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], -1, c, *x.shape[3:])
 
 
+@autocast_off
 def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
     """One token, the recurrence as written: q, k [B,1,H,K], v [B,1,H,V], g, beta [B,1,H]."""
     q, k, v, g, beta = (x[:, 0].float() for x in (q, k, v, g, beta))

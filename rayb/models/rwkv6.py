@@ -27,7 +27,7 @@ from torch import nn
 
 from rayb.models import kernels
 from rayb.models.accounting import Cost
-from rayb.models.common import LMOutput, init_normal, round_up
+from rayb.models.common import LMOutput, autocast_off, init_normal, round_up
 from rayb.models.registry import Architecture, InnerWidth, register
 
 CHUNK = 16  # tokens per chunk of the CPU kernel: the [C, C, head_size] decay tensor stays small
@@ -68,6 +68,7 @@ class RWKV6Config:
         return self.d_model // self.head_size
 
 
+@autocast_off
 def recurrent_wkv(r, k, v, log_w, u, state=None):
     """The recurrence above one token at a time, as written: the reference `chunked_wkv` (and fla's
     `chunk_rwkv6` on a GPU) is held to. Same arguments and returns as `chunked_wkv`."""
@@ -89,6 +90,7 @@ def _exclusive(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, x.shape[dim] - 1)], dim)
 
 
+@autocast_off
 def chunked_wkv(r, k, v, log_w, u, state=None, chunk: int = CHUNK):
     """The recurrence above for r, k, v, log_w [B, T, H, D] (log_w ≤ 0), u [H, D], state [B, H, D, D].
 
