@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -54,8 +55,9 @@ SMALL, PACKED_SEEDS, PACKING_GOAL = "gpt2-3.5m", 10, 3.0  # ten packed seeds in 
 
 
 def gpu_of(device: str) -> str | None:
-    """The `rayb plan --gpu` name a CUDA device's name contains, if any."""
-    return next((gpu for gpu in PEAK_FLOPS if gpu in device.lower()), None)
+    """The `rayb plan --gpu` name that is a whole word of a CUDA device's name, if any (an L40S is no L4)."""
+    words = set(re.split(r"[^a-z0-9]+", device.lower()))
+    return next((gpu for gpu in PEAK_FLOPS if gpu in words), None)
 
 
 def peak_flops(override_tflops: float | None, device: str) -> float:
@@ -160,7 +162,8 @@ def gpu_study(
     """A one-model study of `steps` steps on random words (written under `root`), on the GPU."""
     from rayb.study import parse_study
 
-    data, tokenizer = write_data(root, int(steps * global_batch * SEQ * 1.2))
+    # Twice the budget: the held-out share is a random 1% of documents, too few of them at short runs.
+    data, tokenizer = write_data(root, 2 * steps * global_batch * SEQ)
     return parse_study({
         "name": name, "models": [{"preset": preset}], "seeds": seeds, "eval": ["lm"],
         "data": {"sources": [{"name": "random", "uri": str(data), "weight": 1.0}], "tokenizer": str(tokenizer),
