@@ -14,14 +14,15 @@ them. For every validation row this records:
   for every model, trained or pretrained.
 
 The validation rows are a source's held-out documents (a seeded random sample, split.py) packed in their
-order. The record is rebuilt from those documents' text by the same tokenizer and packing, and must
-reproduce val.bin token for token. Character spans are exact for ASCII
-and whole characters; where a row boundary falls inside a multi-byte character (byte-level BPE can split
+order. The tokenize tasks keep each held-out document's text, token ids and token spans (the spans come
+with the ids from one tokenizer call); the record follows packing over them and must reproduce val.bin
+token for token. Character spans are exact for ASCII and whole characters; where a row boundary falls inside a multi-byte character (byte-level BPE can split
 one), that character belongs to the row where it starts.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,9 @@ class _Builder:
     def done(self) -> bool:
         return self.position >= self.n_rows * self.seq_len
 
-    def add(self, ids: list[int], offsets: list[tuple[int, int]]) -> None:
-        """One document: its token ids and their character spans."""
-        stream = [*ids, self.eos_id]
+    def add(self, ids: np.ndarray, offsets: np.ndarray) -> None:
+        """One document: its token ids and their character spans ([tokens, 2])."""
+        stream = np.append(ids, self.eos_id)
         begin = self.position  # where the document's first token falls in the source's stream
         end = min(begin + len(stream), self.n_rows * self.seq_len)
         for row in range(begin // self.seq_len, -(-end // self.seq_len)):
@@ -89,33 +90,50 @@ class _Builder:
         self.doc += 1
 
 
+def documents_table(texts: list[str], ids: list[list[int]], offsets: list[list[tuple[int, int]]]) -> pa.Table:
+    """Held-out documents as the tokenize tasks save them: each one's text, token ids and the character
+    span of each token, so that the record is built without tokenizing them again."""
+    bounds = pa.array(np.cumsum([0, *map(len, ids)]), pa.int32())
+    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+    spans = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)), np.int64)
+    spans = spans.reshape(-1, 2)
+    return pa.table({
+        "text": pa.array(texts, pa.string()),
+        "ids": pa.ListArray.from_arrays(bounds, flat_ids),
+        "start": pa.ListArray.from_arrays(bounds, spans[:, 0]),
+        "end": pa.ListArray.from_arrays(bounds, spans[:, 1]),
+    })  # fmt: skip
+
+
+def documents(table: pa.Table) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(text, ids, spans [tokens, 2]) of each document in a `documents_table`."""
+    lists = [table.column(name).combine_chunks() for name in ("ids", "start", "end")]
+    bounds = lists[0].offsets.to_numpy()  # the three share them
+    ids, start, end = (column.values.to_numpy() for column in lists)
+    for i, text in enumerate(table.column("text").to_pylist()):
+        low, high = bounds[i], bounds[i + 1]
+        yield text, ids[low:high], np.stack([start[low:high], end[low:high]], axis=1)
+
+
 def build(
-    sources: Iterable[Iterator[str]],
+    sources: Iterable[Iterator[tuple[str, np.ndarray, np.ndarray]]],
     rows: list[int],
     seq_len: int,
-    tokenizer_json: Path,
     eos_id: int,
     expected: np.ndarray,
 ) -> HeldOut:
     """The held-out record of the validation rows: `rows[i]` rows from the start of source i's held-out
-    documents (in order, as packing read them), which must reproduce `expected` (val.bin) exactly."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_json))
-    documents: list[str] = []
+    documents (text, token ids and token spans, in order, as packing read them), which must reproduce
+    `expected` (val.bin) exactly."""
+    documents_kept: list[str] = []
     items, context_end, ids = [], [], []
-    for texts, n_rows in zip(sources, rows, strict=True):
-        builder = _Builder(seq_len, n_rows, eos_id, len(documents))
-        for batch in _batches(texts, 256):
+    for docs, n_rows in zip(sources, rows, strict=True):
+        builder = _Builder(seq_len, n_rows, eos_id, len(documents_kept))
+        for text, doc_ids, spans in docs:
             if builder.done:
                 break
-            for text, encoding in zip(
-                batch, tokenizer.encode_batch(batch, add_special_tokens=False), strict=True
-            ):
-                if builder.done:
-                    break
-                documents.append(text)
-                builder.add(encoding.ids, encoding.offsets)
+            documents_kept.append(text)
+            builder.add(doc_ids, spans)
         items += builder.items
         context_end.append(builder.context_end)
         ids.append(builder.ids)
@@ -125,18 +143,7 @@ def build(
             "packing and the held-out record disagree"
         )
     context = np.concatenate(context_end)
-    return HeldOut(documents, items, context, _scored_bytes(documents, items, context))
-
-
-def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
-    batch = []
-    for text in texts:
-        batch.append(text)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+    return HeldOut(documents_kept, items, context, _scored_bytes(documents_kept, items, context))
 
 
 def _scored_bytes(

@@ -1,18 +1,21 @@
 """The data step on Ray Data: read parquet, tokenize in parallel, hold out, pack, mix by weight, cache.
 
-This is the only data module that knows about Ray; what runs inside its tasks is in tasks.py. Each source's
-parquet row groups are its units of work (units.py); Ray Data tasks tokenize the units, send each document to the source's training or validation
-stream (a seeded random sample of documents is held out, split.py), and save the unit's stretch of both
-streams. Other tasks then cut each stretch into the rows it fills, labelled by the shard of the cache that
-stores them; Ray Data groups the pieces by shard, and one task per shard writes it whole (see `cache.py`).
-The driver sees token counts only, so its memory does not grow with the corpus. Where the output and
-every source are on object storage, all of this runs on any node and writes straight to the store;
-otherwise on the driver's node, into the local cache directory.
+This is the only data module that knows about Ray; what runs inside its tasks is in tasks.py. Each
+source's parquet row groups are its units of work (units.py); Ray Data tasks tokenize the units, send each
+document to the source's training or validation stream (a seeded random sample of documents is held out,
+split.py), and save the unit's stretch of both streams, with the held-out documents' text and token spans
+(for the held-out record, held_out.py). Each stretch's rows are then placed in the cache: locally, the
+driver writes them straight into the split files, a stretch at a time; on object storage, tasks cut each
+stretch into the rows it fills, labelled by the shard of the cache that stores them, Ray Data groups the
+pieces by shard, and one task per shard writes it whole (see `cache.py`). Tokens never gather in the
+driver, so its memory does not grow with the corpus. Where the output and every source are on object
+storage, all of this runs on any node and writes straight to the store; otherwise on the driver's node,
+into the local cache directory.
 The mix is exact by construction: source i contributes round(w_i * rows) packed rows to each split, so
 validation has the training mix; one seeded permutation scatters the training rows through the training
 set, and validation rows keep their stream order (source after source), so the held-out stream reads as
-whole documents. Each source stops being read once both its streams
-have their rows, so a hub-sized source costs only the tokens the budget asks for.
+whole documents. Each source stops being read once both its streams have their rows, so a hub-sized
+source costs only the tokens the budget asks for.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from rayb.data import held_out, tasks
 from rayb.data.buildlog import BuildLog
 from rayb.data.cache import MANIFEST, TokenCache, unigram_entropy
 from rayb.data.held_out import HELD_OUT_DIR
-from rayb.data.packing import split_rows
+from rayb.data.packing import pieces_by_shard, split_rows
 from rayb.data.sources import ResolvedSource, resolve
 from rayb.data.spec import DataSpec
 from rayb.data.split import HeldOutRule
@@ -114,9 +117,9 @@ def _build(
         # Rows (and the streams they are cut from) go straight to where the cache will be read: the store,
         # or the local scratch directory that becomes the cache.
         rows_at = out if storage.is_remote(out) else str(scratch.path)
-        manifest, held_texts = _write_rows(spec, resolved, units, scratch.path / "tokenizer", rows_at, log)
+        manifest, held_files = _write_rows(spec, resolved, units, scratch.path / "tokenizer", rows_at, log)
         val = _written_rows(rows_at, "val", manifest)
-        held = _held_out(spec, held_texts, manifest, scratch.path / "tokenizer", val)
+        held = _held_out(spec, held_files, manifest, val)
         held_out.write(held, scratch.path / HELD_OUT_DIR)
         log.done("held-out record", rows=spec.val_rows, tokens=spec.val_rows * spec.seq_len)
         storage.remove(storage.join(rows_at, STREAM_DIR))
@@ -175,20 +178,20 @@ def _documents(source: ResolvedSource, column: str):
 
 
 def _held_out(
-    spec: DataSpec, held_texts: list[list[str]], manifest: dict, tokenizer_dir: Path, val: np.ndarray
+    spec: DataSpec, held_files: list[list[str]], manifest: dict, val: np.ndarray
 ) -> held_out.HeldOut:
     """The text behind the cache's validation rows (held_out.py), from the held-out documents the
     tokenize tasks set aside (per source, one file per unit read, in stream order)."""
     return held_out.build(
-        (_texts(files) for files in held_texts),
+        (_held_documents(files) for files in held_files),
         [manifest["sources"][s.name]["val_rows"] for s in spec.sources],
-        manifest["seq_len"], tokenizer_dir / "tokenizer.json", manifest["eos_id"], val,
+        manifest["seq_len"], manifest["eos_id"], val,
     )  # fmt: skip
 
 
-def _texts(files: list[str]):
+def _held_documents(files: list[str]):
     for file in files:
-        yield from pq.read_table(pa.BufferReader(storage.read_bytes(file))).column("text").to_pylist()
+        yield from held_out.documents(pq.read_table(pa.BufferReader(storage.read_bytes(file))))
 
 
 def _written_rows(rows_at: str, split: str, manifest: dict) -> np.ndarray:
@@ -205,9 +208,9 @@ def _written_rows(rows_at: str, split: str, manifest: dict) -> np.ndarray:
 # ----- tokenize, pack, place ----------------------------------------------------------------------
 def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[Units], tokenizer_dir: Path,
                 rows_at: str, log: BuildLog) -> tuple[dict, list[list[str]]]:  # fmt: skip
-    """Tokenize, hold out, pack and place every source's rows in tasks, writing them at `rows_at` (a local
-    directory or a URI); the driver sees token counts only. Returns the manifest and, per source, the files
-    of held-out documents the tasks set aside."""
+    """Tokenize, hold out and pack every source's rows in tasks, and place them at `rows_at` (a local
+    directory or a URI; `_place`). Returns the manifest and, per source, the files of held-out documents
+    the tasks set aside."""
     tokenizer = load_tokenizer(tokenizer_dir)
     vocab = len(tokenizer)
     dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32).name
@@ -252,7 +255,7 @@ def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list
             at += n_rows
     # One seeded permutation places every source's training rows through the training set.
     slots = np.random.default_rng(spec.seed).permutation(spec.train_rows)
-    counts = _place(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows, anywhere=on_store)
+    counts = _place(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows)
     log.done(
         "place", rows=spec.train_rows + spec.val_rows, tokens=(spec.train_rows + spec.val_rows) * spec.seq_len
     )
@@ -346,11 +349,45 @@ def _tokenized(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list[
 
 
 def _place(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtype: str, vocab: int,
-           shard_rows: dict[str, int], anywhere: bool) -> np.ndarray:  # fmt: skip
-    """Place every stretch's rows into the cache's splits: tasks cut each stretch into pieces labelled by
-    the shard that stores them (`pieces_by_shard`), Ray Data groups the pieces by shard, and one task per
-    shard assembles it and writes it whole (an object on the store; its rows of the split's file
-    locally). Returns the token counts of the training rows (for the unigram entropy)."""
+           shard_rows: dict[str, int]) -> np.ndarray:  # fmt: skip
+    """Place every stretch's rows into the cache's splits; return the token counts of the training rows
+    (for the unigram entropy). Locally, this process writes them into the splits' files (`_place_here`).
+    On object storage, where a shard is an object written whole, tasks cut each stretch into pieces
+    labelled by the shard that stores them (`pieces_by_shard`), Ray Data groups the pieces by shard, and
+    one task per shard assembles it and writes it."""
+    if storage.is_remote(rows_at):
+        return _shuffled_into_shards(jobs, slots, rows_at, shapes, dtype, vocab, shard_rows)
+    return _place_here(jobs, slots, Path(rows_at), shapes, dtype, vocab)
+
+
+def _place_here(jobs: list[dict], slots: np.ndarray, rows_at: Path, shapes: dict, dtype: str,
+                vocab: int) -> np.ndarray:  # fmt: skip
+    """Write each stretch's row parts at their places in the local split files, one stretch at a time.
+    It moves bytes only, at disk speed: in Ray tasks the same work cost seconds more in start-up and a
+    shuffle. The rows go out by pwrite, so this process holds one stretch at most."""
+    counts, item = np.zeros(vocab, dtype=np.int64), np.dtype(dtype).itemsize
+    files = {split: os.open(rows_at / f"{split}.bin", os.O_WRONLY) for split in SPLITS}
+    try:
+        for job in jobs:
+            split, (rows, seq_len) = job["split"], shapes[job["split"]]
+            tokens = np.frombuffer(storage.read_bytes(job["file"]), dtype=dtype)[: job["length"]]
+            if split == "train":
+                counts += np.bincount(tokens, minlength=vocab)
+            pieces = pieces_by_shard(tokens, job["offset"], seq_len, job["at"],
+                                     slots if split == "train" else None, rows)  # fmt: skip
+            for _, column, at, block in pieces:
+                for row, part in zip(at.tolist(), block, strict=True):
+                    os.pwrite(files[split], part.tobytes(), (row * seq_len + column) * item)
+        for file in files.values():
+            os.fsync(file)
+    finally:
+        for file in files.values():
+            os.close(file)
+    return counts
+
+
+def _shuffled_into_shards(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtype: str,
+                          vocab: int, shard_rows: dict[str, int]) -> np.ndarray:  # fmt: skip
     import ray.data
     from ray.data.context import ShuffleStrategy
 
@@ -361,11 +398,11 @@ def _place(jobs: list[dict], slots: np.ndarray, rows_at: str, shapes: dict, dtyp
     default, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
         pieces = ray.data.from_items(jobs, override_num_blocks=len(jobs)).flat_map(
-            tasks.pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), anywhere, free=True)
+            tasks.pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), True, free=True)
         )
         written = pieces.groupby(["split", "shard"], num_partitions=shards).map_groups(
             tasks.write_shard, fn_args=(rows_at, shapes, dtype, vocab, shard_rows), batch_format="pyarrow",
-            **_where(shards, anywhere, free=not anywhere),
+            **_where(shards, True),
         )  # fmt: skip
         return sum(np.frombuffer(row["counts"], dtype=np.int64) for row in written.iter_rows())
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +19,7 @@ from tokenizers import Tokenizer
 from rayb import storage
 from rayb.data.buildlog import Clock
 from rayb.data.cache import shard_name
+from rayb.data.held_out import documents_table
 from rayb.data.packing import pieces_by_shard
 from rayb.data.split import HeldOutRule
 from rayb.data.units import text_values
@@ -35,8 +35,8 @@ def tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_json
                   dtype: str, rule: HeldOutRule) -> dict:  # fmt: skip
     """Read a unit's documents, tokenize them, end each with EOS, and save the unit's stretch of the
     source's training stream (`<stem>-train.bin`) and of its validation stream (`<stem>-val.bin`, the
-    held-out documents), and the held-out documents' text (`<stem>-held.parquet`, for the held-out
-    record); return the stretches' lengths and the node it ran on."""
+    held-out documents), and the held-out documents' text, ids and token spans (`<stem>-held.parquet`, for
+    the held-out record); return the stretches' lengths and the node it ran on."""
     import ray
 
     clock = Clock()
@@ -56,9 +56,12 @@ def tokenize_unit(unit: dict, filesystems: tuple, columns: tuple, tokenizer_json
     stem = unit["stem"]
     for split, tokens in streams_of.items():
         storage.write_bytes(f"{stem}-{split}.bin", tokens.tobytes())
-    held_texts = pa.table({"text": pa.array([t for t, h in zip(texts, held, strict=True) if h], pa.string())})
+    kept = np.flatnonzero(held).tolist()
+    held_docs = documents_table(
+        [texts[i] for i in kept], [ids[i] for i in kept], [docs[i].offsets for i in kept]
+    )
     sink = pa.BufferOutputStream()
-    pq.write_table(held_texts, sink)
+    pq.write_table(held_docs, sink)
     storage.write_bytes(f"{stem}-held.parquet", sink.getvalue().to_pybytes())
     clock.lap("write")
     lengths = {split: len(tokens) for split, tokens in streams_of.items()}
@@ -92,9 +95,8 @@ def pieces(job: dict, slots: np.ndarray, shapes: dict, dtype: str, shard_rows: d
 
 def write_shard(pieces: pa.Table, rows_at: str, shapes: dict, dtype: str, vocab: int,
                 shard_rows: dict[str, int]) -> pa.Table:  # fmt: skip
-    """Assemble one shard of a split from its pieces and write it: as its own object on object storage
-    (`shard_name`), as its rows of the split's file locally. Returns the token counts of the training rows
-    it wrote."""
+    """On object storage: assemble one shard of a split from its pieces and write it as its own object
+    (`shard_name`). Returns the token counts of the training rows it wrote."""
     split, shard = pieces["split"][0].as_py(), pieces["shard"][0].as_py()
     total, seq_len = shapes[split]
     first = shard * shard_rows[split]
@@ -105,12 +107,7 @@ def write_shard(pieces: pa.Table, rows_at: str, shapes: dict, dtype: str, vocab:
         at = np.frombuffer(rows, dtype=np.int64)
         block = np.frombuffer(tokens, dtype=dtype).reshape(len(at), -1)
         out[at, column : column + block.shape[1]] = block
-    if storage.is_remote(rows_at):
-        shards = math.ceil(total / shard_rows[split])
-        storage.write_bytes(storage.join(rows_at, shard_name(split, shard, shards)), out.tobytes())
-    else:
-        split_file = np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="r+", shape=shapes[split])
-        split_file[first : first + len(out)] = out
-        split_file.flush()
+    shards = math.ceil(total / shard_rows[split])
+    storage.write_bytes(storage.join(rows_at, shard_name(split, shard, shards)), out.tobytes())
     counts = np.bincount(out.ravel(), minlength=vocab) if split == "train" else np.zeros(vocab, np.int64)
     return pa.table({"counts": [counts.astype(np.int64).tobytes()]})
