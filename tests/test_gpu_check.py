@@ -1,5 +1,6 @@
 """bench/gpu_check.py's pieces that run without a GPU: its help, its refusal without one, the packing
-verdict, the MFU measurements it records for `rayb plan`, and the precisions it reports beside MFU."""
+verdict, the MFU measurements it records for `rayb plan`, the precisions it reports beside MFU, and the
+data its studies train on."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def test_precisions_come_from_the_trials_own_records(tmp_path):
         gc.describe_precisions(*gc.precisions(tmp_path))
         == "training bf16, evaluation bf16 autocast over fp32 weights"
     )
+
+
+def test_its_shortest_study_has_the_data_it_asks_for(ray_session, tmp_path):
+    """The check's studies write their own random corpus: at the fewest steps it is run with, the corpus
+    still holds the held-out rows (a random 1% of its documents), so a GPU run never stops at the data."""
+    from rayb.data.pipeline import prepare_data
+
+    study = gc.gpu_study(tmp_path, "gpu-check", gc.SMALL, 1, 4, 32, 17)
+    cache = prepare_data(study.data, tmp_path / "out")
+    assert cache.manifest["train_rows"] == 17 * 32 and cache.manifest["val_rows"] > 0

@@ -192,6 +192,7 @@ def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, 
         assert job.poll() is None and time.time() < deadline, "no checkpoint in time"
         time.sleep(0.5)
     assert max(steps) < STEPS, "a trial finished before the node was lost: lengthen the study"
+    workers_before = {a.actor_id for node in cluster.nodes for a in cluster.actors_on(node, "RayTrainWorker")}
     lost.kill()
     added = cluster.add_node(num_cpus=1)
     _finished(job)
@@ -200,7 +201,10 @@ def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, 
     # hold no CPU, happened to be there), each from its checkpoint on the store, not from the start.
     resumed = [steps for t in _trials(killed) if (steps := _resumed_at(t))]
     assert resumed and all(min(steps) >= 24 for steps in resumed)
-    assert cluster.actors_on(added, "RayTrainWorker"), "the added node took the waiting trial"
+    # The waiting trial's workers start again on a live node: the added one, or the head where the other
+    # trial finished before the added node joined and left its CPU free (a race the test cannot fix).
+    live = cluster.actors_on(added, "RayTrainWorker") + cluster.actors_on(cluster.nodes[0], "RayTrainWorker")
+    assert [a for a in live if a.actor_id not in workers_before], "the waiting trial never started again"
     by_key = {t.key: t for t in trials}
     for trial in _trials(killed):
         assert _curve(trial) == _curve(by_key[trial.key])  # identical to the uninterrupted run
