@@ -16,8 +16,9 @@ them. For every validation row this records:
 The validation rows are a source's held-out documents (a seeded random sample, split.py) packed in their
 order. The tokenize tasks keep each held-out document's text, token ids and token spans (the spans come
 with the ids from one tokenizer call); the record follows packing over them and must reproduce val.bin
-token for token. Character spans are exact for ASCII and whole characters; where a row boundary falls inside a multi-byte character (byte-level BPE can split
-one), that character belongs to the row where it starts.
+token for token. Character spans are exact for ASCII and whole characters; where a row boundary falls
+inside a multi-byte character (byte-level BPE can split one), that character belongs to the row where it
+starts.
 """
 
 from __future__ import annotations
