@@ -96,8 +96,7 @@ def documents_table(texts: list[str], ids: list[list[int]], offsets: list[list[t
     span of each token, so that the record is built without tokenizing them again."""
     bounds = pa.array(np.cumsum([0, *map(len, ids)]), pa.int32())
     flat_ids = np.fromiter(itertools.chain.from_iterable(ids), np.int64)
-    spans = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)), np.int64)
-    spans = spans.reshape(-1, 2)
+    spans = np.array([span for doc in offsets for span in doc], np.int64).reshape(-1, 2)
     return pa.table({
         "text": pa.array(texts, pa.string()),
         "ids": pa.ListArray.from_arrays(bounds, flat_ids),

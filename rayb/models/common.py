@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,13 @@ def autocast_off(kernel):
     @functools.wraps(kernel)
     def in_fp32(*args, **kwargs):
         device = next(a for a in args if isinstance(a, torch.Tensor)).device.type
-        if not torch.amp.is_autocast_available(device):  # the meta device FLOP counting runs on
-            return kernel(*args, **kwargs)
-        with torch.autocast(device, enabled=False):
+        # The meta device, which FLOP counting runs on, has no autocast to turn off.
+        off = (
+            torch.autocast(device, enabled=False)
+            if torch.amp.is_autocast_available(device)
+            else nullcontext()
+        )
+        with off:
             return kernel(*args, **kwargs)
 
     return in_fp32
