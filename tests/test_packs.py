@@ -266,7 +266,7 @@ def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path):
 
 
 def test_the_pools_queue_hands_each_trial_to_one_group_and_a_restarted_group_its_own_again():
-    from rayb.tune.sweep import TrialQueue
+    from rayb.tune.group import TrialQueue
 
     queue = TrialQueue({"gpt2": ["a", "b", "c"], "mine": ["m0", "m1"]})
     assert queue.take("gpt2", "g0") == "a" and queue.take("gpt2", "g1") == "b"

@@ -217,7 +217,7 @@ def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
     tail = text[text.rindex("live: 2 trials") :]
     assert "gpt2 (ref)" in tail and "Gate, mamba vs gpt2: " in tail  # then the verdict, last
     for noise in ("RayTrainWorker", "Configuration for experiment", "View detailed results", "streaming_executor",
-                  "Trial _trainable"):  # fmt: skip
+                  "Trial worker_group"):  # fmt: skip
         assert noise not in text, noise
     (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", text)
     assert os.path.isabs(logs) and os.path.isfile(logs)

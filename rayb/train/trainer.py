@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rayb.models.kernels import KernelPath
-from rayb.models.selfcheck import CheckResult, ModelToCheck
-from rayb.train.loop import train_loop_per_worker
 from rayb.train.trial import TrialPack
 from rayb.tune.packs import worker_resources
+
+if TYPE_CHECKING:  # the Tune actor that runs fit_pack imports none of these: its workers do
+    from rayb.models.kernels import KernelPath
+    from rayb.models.selfcheck import CheckResult, ModelToCheck
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
 # Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end of
@@ -29,16 +30,19 @@ GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 def fit_pack(
     pack: TrialPack,
-    loop: Callable[[dict[str, Any]], None] = train_loop_per_worker,
+    loop: Callable[[dict[str, Any]], None] | None = None,
     one_node: bool = True,
     queue: str | None = None,
 ) -> None:
     """Train a pack's trials on one worker group, or with a `queue` (the pool's TrialQueue actor, by name)
     the trials the group takes from it: on a single node where `one_node` (packs.one_node), else across
-    nodes. `loop` is the per-worker function (rayb's; a test may wrap it)."""
+    nodes. `loop` is the per-worker function (rayb's by default; a test may wrap it)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    if loop is None:
+        from rayb.train.loop import train_loop_per_worker as loop
 
     for setting in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT):
         os.environ.setdefault(*setting)  # a user's own setting wins

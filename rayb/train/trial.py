@@ -56,7 +56,7 @@ class TrialPack:
     """Trials that fit one worker group, trained by it one after another: the group's start-up (its
     processes, imports, process group) is paid once, and each trial still has its own files. In the
     study's worker pool (`group` set), the trials are a queue shared by every group of that shape, and
-    each group trains those it takes (tune/sweep.py's TrialQueue)."""
+    each group trains those it takes (tune/group.py's TrialQueue)."""
 
     trials: tuple[TrialSpec, ...]
     threads: int = 1  # torch threads per worker

@@ -1,8 +1,8 @@
 """Ray Tune: every worker group of the study's pool (see packs.py) is one Tune trial.
 
-Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable calls `.fit()`), whose workers
-take the study's trials from a queue shared by every group of their shape (TrialQueue) and train them
-one after another until it is empty. Results are not taken from Tune: every trial writes its own files
+Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable, group.worker_group, calls
+`.fit()`), whose workers take the study's trials from a queue shared by every group of their shape
+(group.TrialQueue) and train them one after another until it is empty. Results are not taken from Tune: every trial writes its own files
 (see `rayb.train.trial`), so a crashed sweep loses nothing and a rerun trains only unfinished trials.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import traceback
 import uuid
-from collections import deque
 from pathlib import Path
 
 import ray
@@ -21,8 +20,8 @@ from rayb import runtime, storage
 from rayb.files import digest
 from rayb.report.status import write_cluster
 from rayb.train.spec import TrainSpec
-from rayb.train.trainer import fit_pack
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
+from rayb.tune.group import TrialQueue, worker_group
 from rayb.tune.packs import one_node, unfittable
 
 # A trial's Tune actor only waits on its TorchTrainer: it holds no CPU, so a trial takes exactly its
@@ -35,30 +34,6 @@ DRIVER_RESOURCES = {"CPU": 0, "memory": 512 * 2**20}
 # A worker group whose Tune actor is lost with its node is started again: it takes the trial it held
 # again and resumes it from its last checkpoint on storage.
 PACK_RESTARTS = 3
-
-
-class TrialQueue:
-    """The pool's trials still to train, a queue per group shape, and the trial each group holds: a group
-    restarted after a failure (Ray Train's restart of its workers, or Tune's of a group lost with its node)
-    is handed its trial again, to resume it. A Ray actor, named, on the driver's node."""
-
-    def __init__(self, queues: dict[str, list[str]]):
-        self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
-        self.held: dict[str, str] = {}  # {group (its run name): trial key}
-
-    def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
-        """The group's next trial (None once its queue is empty), after the one it `finished`."""
-        if finished is not None and self.held.get(group) == finished:
-            del self.held[group]
-        if group not in self.held and self.waiting[shape]:
-            self.held[group] = self.waiting[shape].popleft()
-        return self.held.get(group)
-
-    def fail(self, shape: str, group: str) -> tuple[str | None, list[str]]:
-        """A group that failed for good: the trial it held, and its shape's waiting trials, which go untrained
-        with it (as a user's model that crashes would crash in each of its trials)."""
-        waiting, self.waiting[shape] = list(self.waiting[shape]), deque()
-        return self.held.pop(group, None), waiting
 
 
 class ClusterWatch(tune.Stopper):
@@ -91,23 +66,6 @@ class ClusterWatch(tune.Stopper):
             self._said = what
 
 
-def _trainable(config: dict) -> None:
-    """Run one worker group of the pool. No metrics are reported to Tune (each trial writes its own, and
-    Tune's handling of every report cost seconds per group), except a failed run's: a failure Ray Train has
-    already retried is final, so it ends the Tune trial normally instead of raising, which Tune would retry,
-    naming the trials it leaves untrained."""
-    from ray import tune
-    from ray.train import TrainingFailedError
-
-    pack = TrialPack.from_dict(config["pack"])
-    try:
-        fit_pack(pack, one_node=config["one_node"], queue=config["queue"])
-    except TrainingFailedError as exc:
-        held, waiting = ray.get(ray.get_actor(config["queue"]).fail.remote(pack.queue, pack.run_name))
-        error = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        tune.report(error | {"held": held, "waiting": waiting})
-
-
 def run_pool(
     groups: list[TrialPack], storage_path: Path | str, max_concurrent: int, study_dir: str | None = None
 ) -> dict[str, str]:
@@ -116,17 +74,11 @@ def run_pool(
     and the live view). What the cluster is doing while trials wait goes to `study_dir` (see ClusterWatch)."""
     import os
 
-    from ray.tune.progress_reporter import TrialProgressCallback
-
-    class NoProgress(TrialProgressCallback):
-        """rayb reports each trial itself; Tune's progress lines say nothing about rayb's trials."""
-
-        def _print(self, msg: str) -> None:
-            pass
-
-    # Tune's newer output prints an experiment block per sweep whatever its verbosity; the legacy one
-    # prints only through its progress callback, which NoProgress silences.
+    # Tune's newer output prints an experiment block per sweep whatever its verbosity; the legacy one, at
+    # verbosity 0, prints only a trial that ends having reported nothing (worker_group always reports).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # rayb takes no results from Tune's files: each trial writes its own.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 
     shapes = {g.queue: g.trials for g in groups}
     trials = [t for queue in shapes.values() for t in queue]
@@ -141,7 +93,7 @@ def run_pool(
     train = groups[0].train
     watch = ClusterWatch(train, study_dir)
     tuner = tune.Tuner(
-        tune.with_resources(_trainable, DRIVER_RESOURCES),
+        tune.with_resources(worker_group, DRIVER_RESOURCES),
         param_space={
             "pack": tune.grid_search([g.to_dict() for g in groups]),
             "queue": name,
@@ -154,7 +106,6 @@ def run_pool(
             storage_path=str(storage_path),
             verbose=0,
             stop=watch,
-            callbacks=[NoProgress()],
             failure_config=tune.FailureConfig(max_failures=PACK_RESTARTS),
         ),
     )
