@@ -2,8 +2,9 @@
 
 Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable, group.worker_group, calls
 `.fit()`), whose workers take the study's trials from a queue shared by every group of their shape
-(group.TrialQueue) and train them one after another until it is empty. Results are not taken from Tune: every trial writes its own files
-(see `rayb.train.trial`), so a crashed sweep loses nothing and a rerun trains only unfinished trials.
+(group.TrialQueue) and train them one after another until it is empty. Results are not taken from
+Tune: every trial writes its own files (see `rayb.train.trial`), so a crashed sweep loses nothing and a
+rerun trains only unfinished trials.
 """
 
 from __future__ import annotations
