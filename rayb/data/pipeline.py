@@ -237,9 +237,6 @@ def _write_rows(spec: DataSpec, resolved: dict[str, ResolvedSource], units: list
         "train": max(1, SHARD_BYTES // (spec.seq_len * np.dtype(dtype).itemsize)),
         "val": spec.val_rows,
     }
-    if not on_store:  # one file per split, each shard's task writing its own rows
-        for split, shape in shapes.items():
-            np.memmap(Path(rows_at) / f"{split}.bin", dtype=dtype, mode="w+", shape=shape).flush()
     jobs = []
     for split in SPLITS:
         at = 0  # the split's first row for this source
@@ -366,8 +363,13 @@ def _place_here(jobs: list[dict], slots: np.ndarray, rows_at: Path, shapes: dict
     It moves bytes only, at disk speed: in Ray tasks the same work cost seconds more in start-up and a
     shuffle. The rows go out by pwrite, so this process holds one stretch at most."""
     counts, item = np.zeros(vocab, dtype=np.int64), np.dtype(dtype).itemsize
-    files = {split: os.open(rows_at / f"{split}.bin", os.O_WRONLY) for split in SPLITS}
+    files = {
+        split: os.open(rows_at / f"{split}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for split in SPLITS
+    }
     try:
+        for split, file in files.items():
+            rows, seq_len = shapes[split]
+            os.ftruncate(file, rows * seq_len * item)  # the whole split, zeros until its rows land
         for job in jobs:
             split, (rows, seq_len) = job["split"], shapes[job["split"]]
             tokens = np.frombuffer(storage.read_bytes(job["file"]), dtype=dtype)[: job["length"]]
@@ -398,11 +400,13 @@ def _shuffled_into_shards(jobs: list[dict], slots: np.ndarray, rows_at: str, sha
     default, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
         pieces = ray.data.from_items(jobs, override_num_blocks=len(jobs)).flat_map(
-            tasks.pieces, fn_args=(slots, shapes, dtype, shard_rows), **_where(len(jobs), True, free=True)
+            tasks.pieces,
+            fn_args=(slots, shapes, dtype, shard_rows),
+            **_where(len(jobs), anywhere=True, free=True),
         )
         written = pieces.groupby(["split", "shard"], num_partitions=shards).map_groups(
             tasks.write_shard, fn_args=(rows_at, shapes, dtype, vocab, shard_rows), batch_format="pyarrow",
-            **_where(shards, True),
+            **_where(shards, anywhere=True),
         )  # fmt: skip
         return sum(np.frombuffer(row["counts"], dtype=np.int64) for row in written.iter_rows())
     finally:
