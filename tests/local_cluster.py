@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from conftest import free_ports
 NODE_PORTS = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
               "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
 START_LOG = "ray-start.log"
+RAYLET_NOT_REGISTERED = "The current node timed out during startup"  # what `ray start` prints then
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port", *NODE_PORTS)
 
 
@@ -27,6 +29,7 @@ class Node:
     process: subprocess.Popen
     temp_dir: Path  # Ray's files for this node (short: Ray's socket paths have a length limit)
     workdir: Path  # the directory the node was started in
+    ports: dict[str, int]  # flag → port
     id: str = ""  # Ray's node id
 
     def log(self) -> str:
@@ -107,36 +110,37 @@ class LocalCluster:
         """The head. With `node_types` ({name: {CPU: n, ...}}), its autoscaler is Ray's own, over Ray's fake
         provider: it starts nodes of those types, from zero up to one each, as processes on this machine,
         when work waits for their resources."""
-        ports = _ports(HEAD_PORTS)
-        args = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
         if node_types is not None:
-            config = self.root / "autoscaler.yaml"
-            config.write_text(yaml.safe_dump(_fake_autoscaler(num_cpus, node_types, ports["port"])))
-            args.append(f"--autoscaling-config={config}")
             self.env = self.env | {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
-        node = self._start(args, num_cpus, ports)
-        self.address, self.gcs = f"http://127.0.0.1:{ports['dashboard-port']}", f"127.0.0.1:{ports['port']}"
-        # Ready means a job runs: the job API answers before the head's job agent is up.
-        probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]
-        deadline = time.time() + 180
-        while subprocess.run(probe, capture_output=True, env=self._env(node)).returncode:
-            assert node.process.poll() is None and time.time() < deadline, (
-                f"head did not come up: {node.log()}"
-            )
-            time.sleep(2)
+
+        def head_args(ports: dict[str, int]) -> list[str]:
+            args = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
+            if node_types is not None:
+                config = self.root / "autoscaler.yaml"
+                config.write_text(yaml.safe_dump(_fake_autoscaler(num_cpus, node_types, ports["port"])))
+                args.append(f"--autoscaling-config={config}")
+            return args
+
+        node = self._start_until(head_args, num_cpus, HEAD_PORTS, self._runs_jobs, "head")
         (node.id,) = self.alive_nodes()
         return node
 
     def add_node(self, num_cpus: int) -> Node:
         """A node joining the running cluster, as an autoscaler would add one; returns once Ray counts it."""
         before = set(self.alive_nodes())
-        node = self._start([f"--address={self.gcs}"], num_cpus, _ports(NODE_PORTS))
-        deadline = time.time() + 120
-        while not (new := set(self.alive_nodes()) - before):
-            assert node.process.poll() is None and time.time() < deadline, f"node did not join: {node.log()}"
-            time.sleep(1)
-        (node.id,) = new
+        node = self._start_until(
+            lambda _: [f"--address={self.gcs}"], num_cpus, NODE_PORTS,
+            lambda _: bool(set(self.alive_nodes()) - before), "node",
+        )  # fmt: skip
+        (node.id,) = set(self.alive_nodes()) - before
         return node
+
+    def _runs_jobs(self, head: Node) -> bool:
+        # Ready means a job runs: the job API answers before the head's job agent is up.
+        self.address = f"http://127.0.0.1:{head.ports['dashboard-port']}"
+        self.gcs = f"127.0.0.1:{head.ports['port']}"
+        probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]
+        return subprocess.run(probe, capture_output=True, env=self._env(head)).returncode == 0
 
     def alive_nodes(self) -> list[str]:
         from ray.util.state import list_nodes
@@ -152,16 +156,35 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Kill every node (a graceful `ray stop` drains for half a minute per node) and drop its files."""
-        for node in reversed(self.nodes):
-            node.kill()
-            shutil.rmtree(node.temp_dir, ignore_errors=True)
+        for node in reversed(list(self.nodes)):
+            self._drop(node)
+
+    def _start_until(
+        self, args: Callable[[dict[str, int]], list[str]], num_cpus: int, port_flags: tuple[str, ...],
+        ready: Callable[[Node], bool], what: str, retry: bool = True,
+    ) -> Node:  # fmt: skip
+        """Start a node and wait until it is `ready`. A `ray start` that gives up on its own raylet (Ray waits
+        a fixed 30 s for it to register with the GCS, which a loaded 2-core machine can exceed) is started
+        once more, on fresh ports, as an autoscaler relaunches a node that failed to come up."""
+        ports = _ports(port_flags)
+        node = self._start(args(ports), num_cpus, ports)
+        deadline = time.time() + 180
+        while not ready(node):
+            if retry and node.process.poll() is not None and RAYLET_NOT_REGISTERED in node.log():
+                self._drop(node)
+                return self._start_until(args, num_cpus, port_flags, ready, what, retry=False)
+            assert node.process.poll() is None and time.time() < deadline, (
+                f"{what} did not come up: {node.log()}"
+            )
+            time.sleep(2)
+        return node
 
     def _start(self, args: list[str], num_cpus: int, ports: dict[str, int]) -> Node:
         index = len(self.nodes)
         temp_dir = Path(tempfile.mkdtemp(prefix=f"rb{index}", dir="/tmp"))
         workdir = self.root / f"node{index}"
-        workdir.mkdir(parents=True)
-        node = Node(None, temp_dir, workdir)  # type: ignore[arg-type]
+        workdir.mkdir(parents=True, exist_ok=True)  # a node started again reuses its index
+        node = Node(None, temp_dir, workdir, ports)  # type: ignore[arg-type]
         with (temp_dir / START_LOG).open("w") as log:
             node.process = subprocess.Popen(
                 ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
@@ -170,6 +193,11 @@ class LocalCluster:
             )  # fmt: skip
         self.nodes.append(node)
         return node
+
+    def _drop(self, node: Node) -> None:
+        node.kill()
+        shutil.rmtree(node.temp_dir, ignore_errors=True)
+        self.nodes.remove(node)
 
     def _env(self, node: Node) -> dict[str, str]:
         # Each node keeps its own mirror of object storage inside its own temp directory.
