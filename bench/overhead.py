@@ -7,7 +7,8 @@ only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (da
 on its own, from nothing). For each, a timeline splits rayb's critical path: the process's own start
 and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its
 start, its imports, each trial's set-up, training steps, checkpoints and validation, saving, and what
-Ray Tune and Train spent between them), the evaluation left after training, and the report. The stack's
+Ray Tune and Train spent around them: starting the group's Tune actor, passing between trials, ending the
+group), the evaluation left after training, and the report. The stack's
 floor (FLOOR below) is timed too: what a run on Ray Tune, Ray Train and DeepSpeed costs with nothing
 trained, a bound on how close any such run can come.
 
@@ -150,7 +151,10 @@ def timeline(run: dict) -> dict[str, float]:
         "checkpoints, validation": spent(last, "checkpoint_s") + spent(last, "validation_s"),
         "saving the model": spent(last, "save_model_s"),
     }
-    path["Tune and Train between trials"] = stages["training_s"] - sum(list(path.values())[4:])
+    # The rest of the training stage: Tune starting the group's trial and its actor before the group is
+    # launched, Train passing from one trial to the next, and Train and Tune ending the group after its
+    # last trial.
+    path["Tune and Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
     path["evaluation after training"] = stages["evaluation_after_training_s"]
     path["report"] = stages["report_s"]
     return path
