@@ -29,7 +29,6 @@ class Node:
     process: subprocess.Popen
     temp_dir: Path  # Ray's files for this node (short: Ray's socket paths have a length limit)
     workdir: Path  # the directory the node was started in
-    ports: dict[str, int]  # flag → port
     id: str = ""  # Ray's node id
 
     def log(self) -> str:
@@ -114,6 +113,10 @@ class LocalCluster:
             self.env = self.env | {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
 
         def head_args(ports: dict[str, int]) -> list[str]:
+            self.address, self.gcs = (
+                f"http://127.0.0.1:{ports['dashboard-port']}",
+                f"127.0.0.1:{ports['port']}",
+            )
             args = ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"]
             if node_types is not None:
                 config = self.root / "autoscaler.yaml"
@@ -137,8 +140,6 @@ class LocalCluster:
 
     def _runs_jobs(self, head: Node) -> bool:
         # Ready means a job runs: the job API answers before the head's job agent is up.
-        self.address = f"http://127.0.0.1:{head.ports['dashboard-port']}"
-        self.gcs = f"127.0.0.1:{head.ports['port']}"
         probe = ["ray", "job", "submit", "--address", self.address, "--", "python", "-c", "pass"]
         return subprocess.run(probe, capture_output=True, env=self._env(head)).returncode == 0
 
@@ -184,7 +185,7 @@ class LocalCluster:
         temp_dir = Path(tempfile.mkdtemp(prefix=f"rb{index}", dir="/tmp"))
         workdir = self.root / f"node{index}"
         workdir.mkdir(parents=True, exist_ok=True)  # a node started again reuses its index
-        node = Node(None, temp_dir, workdir, ports)  # type: ignore[arg-type]
+        node = Node(None, temp_dir, workdir)  # type: ignore[arg-type]
         with (temp_dir / START_LOG).open("w") as log:
             node.process = subprocess.Popen(
                 ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
