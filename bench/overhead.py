@@ -52,17 +52,18 @@ def one_time_builds() -> dict[str, float]:
     return {name: _timed([sys.executable, "-c", source])[0] for name, source in code.items()}
 
 
-# The stack's own floor: Ray's start, one Tune trial whose TorchTrainer starts one worker that imports
-# DeepSpeed and returns, and Ray's shutdown. Nothing is trained, evaluated or written: what any study run
-# on Ray Tune + Ray Train + DeepSpeed pays before its first step, whatever rayb does. With "tune" as its
-# second argument, the Tune trial imports DeepSpeed itself, with no Train worker group: the difference is
-# what a worker group costs to start and stop.
+# The stack's own floor: Ray's start, one Tune trial whose Ray Train trainer (with rayb's torch backend,
+# train/backend.py) starts one worker that imports DeepSpeed and returns, and Ray's shutdown. Nothing is
+# trained, evaluated or written: what any study run on Ray Tune + Ray Train + DeepSpeed pays before its
+# first step, whatever rayb does. With "tune" as its second argument, the Tune trial imports DeepSpeed
+# itself, with no Train worker group: the difference is what a worker group costs to start and stop.
 FLOOR = """
 import sys
 from ray import tune
 from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from rayb.runtime import init_ray
+from rayb.train.backend import TorchGroup
 
 STORAGE, MODE = sys.argv[1:3]  # globals of __main__: pickled by value, so the remote trainable sees them
 
@@ -72,8 +73,8 @@ def loop(config):
 def trainable(config):
     if MODE == "tune":
         return loop(config)
-    TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=1),
-                 run_config=RunConfig(storage_path=STORAGE)).fit()
+    DataParallelTrainer(loop, backend_config=TorchGroup("gloo"), scaling_config=ScalingConfig(num_workers=1),
+                        run_config=RunConfig(storage_path=STORAGE)).fit()
 
 init_ray()
 results = tune.Tuner(tune.with_resources(trainable, {"CPU": 0, "memory": 2**29}),

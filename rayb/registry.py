@@ -17,6 +17,11 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+def is_import_path(name: str) -> bool:
+    """Whether a name is a user's `module:function`, not a registered name."""
+    return ":" in name
+
+
 class UnknownName(ValueError):
     """A name no registry entry has; the message lists the closest known names."""
 

@@ -21,7 +21,7 @@ from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
 from rayb.train.loop import METRICS
-from rayb.train.trainer import fit_pack
+from rayb.train.trainer import fit_pack, pack_trainer
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 from rayb.tune.packs import worker_pool
 from rayb.tune.sweep import run_pool
@@ -59,6 +59,26 @@ def runs(tiny_cache, tmp_path_factory):
     fit_pack(TrialPack((two_workers[1],)), loop=strict_train_loop)
     runs = one_worker | {("gpt2", 2): two_workers}
     return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
+
+
+def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cache, tmp_path):
+    """A worker group's Tune actor builds its trainer, and Ray Train's controller unpickles what the trainer
+    hands it (its callbacks, the backend among them). Neither trains: none of it, nor the training function
+    until it runs on a worker, may import torch, each import of which delays every group's start
+    (train/backend.py)."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    _, trial = _trial(tiny_cache, tmp_path, 0, 2)
+    trainer = pack_trainer(TrialPack((trial,)))
+    sent = cloudpickle.dumps(
+        (trainer._create_default_callbacks(), trainer._get_train_func())
+    )  # Ray's own hand-off
+    probe = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print(sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], input=sent, capture_output=True, check=True)
+    assert done.stdout.decode().strip() == "[]", done.stderr.decode()[-2000:]
 
 
 def _digests(trial_dir: Path) -> list[int]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from rayb.models.kernels import KernelPath
-from rayb.registry import Registry, UnknownName
+from rayb.registry import Registry, UnknownName, is_import_path
 
 if TYPE_CHECKING:
     from rayb.models.accounting import Cost
@@ -106,10 +106,6 @@ def available() -> list[str]:
 class ModelBuildError(ValueError):
     """A model that could not be configured or built; the cause (a user's builder's own exception, with
     its traceback) is chained to it."""
-
-
-def is_import_path(arch: str) -> bool:
-    return ":" in arch
 
 
 def get_arch(arch: str) -> Architecture:

@@ -1,4 +1,4 @@
-"""Ray Train: one TorchTrainer per worker group, named after it so a relaunch resumes it; and the
+"""Ray Train: one trainer per worker group, named after it so a relaunch resumes it; and the
 kernel probe and self-checks a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from rayb.train.trial import TrialPack
 from rayb.tune.packs import worker_resources
 
 if TYPE_CHECKING:  # the Tune actor that runs fit_pack imports none of these: its workers do
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
     from rayb.models.kernels import KernelPath
     from rayb.models.selfcheck import CheckResult, ModelToCheck
 
@@ -37,18 +39,28 @@ def fit_pack(
     """Train a pack's trials on one worker group, or with a `queue` (the pool's TrialQueue actor, by name)
     the trials the group takes from it: on a single node where `one_node` (packs.one_node), else across
     nodes. `loop` is the per-worker function (rayb's by default; a test may wrap it)."""
+    pack_trainer(pack, loop, one_node, queue).fit()
+
+
+def pack_trainer(
+    pack: TrialPack,
+    loop: Callable[[dict[str, Any]], None] | None = None,
+    one_node: bool = True,
+    queue: str | None = None,
+) -> DataParallelTrainer:
+    """The Ray Train trainer of `fit_pack`: a TorchTrainer's, but with a backend (train/backend.py) that
+    leaves torch out of this process and out of Ray Train's controller."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    if loop is None:
-        from rayb.train.loop import train_loop_per_worker as loop
+    from rayb.train.backend import TorchGroup
 
     for setting in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT):
         os.environ.setdefault(*setting)  # a user's own setting wins
     t = pack.train
-    trainer = TorchTrainer(
-        loop,
+    return DataParallelTrainer(
+        loop or train_on_worker,
         # When, and on which node, the driver asked for the group: the loop reports how long the group
         # took to start (a worker on another node reports nothing: its clock is another machine's).
         train_loop_config={
@@ -57,7 +69,7 @@ def fit_pack(
             "launched_at": time.time(),
             "launched_on": ray.get_runtime_context().get_node_id(),
         },
-        torch_config=TorchConfig(backend="nccl" if t.use_gpu else "gloo"),
+        backend_config=TorchGroup(backend="nccl" if t.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
@@ -72,7 +84,14 @@ def fit_pack(
             failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
         ),
     )
-    trainer.fit()
+
+
+def train_on_worker(config: dict[str, Any]) -> None:
+    """rayb's training loop, imported on the worker that runs it: this module's processes (the Tune actor,
+    Ray Train's controller) import no torch."""
+    from rayb.train.loop import train_loop_per_worker
+
+    train_loop_per_worker(config)
 
 
 def probe_kernels(archs: list[str]) -> dict[str, list[KernelPath]]:

@@ -21,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from rayb.models.registry import is_import_path
+from rayb.registry import is_import_path
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TrialPack, TrialSpec
 

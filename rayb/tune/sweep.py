@@ -1,8 +1,8 @@
 """Ray Tune: every worker group of the study's pool (see packs.py) is one Tune trial.
 
-Each Tune trial runs its own TorchTrainer (Train V2 style: the trainable, group.worker_group, calls
-`.fit()`), whose workers take the study's trials from a queue shared by every group of their shape
-(group.TrialQueue) and train them one after another until it is empty. Results are not taken from
+Each Tune trial runs its own Ray Train trainer (train/trainer.py; Train V2 style: the trainable,
+group.worker_group, calls `.fit()`), whose workers take the study's trials from a queue shared by every
+group of their shape (group.TrialQueue) and train them one after another until it is empty. Results are not taken from
 Tune: every trial writes its own files (see `rayb.train.trial`), so a crashed sweep loses nothing and a
 rerun trains only unfinished trials.
 """
@@ -25,7 +25,7 @@ from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
 from rayb.tune.group import TrialQueue, worker_group
 from rayb.tune.packs import one_node, unfittable
 
-# A trial's Tune actor only waits on its TorchTrainer: it holds no CPU, so a trial takes exactly its
+# A trial's Tune actor only waits on its trainer: it holds no CPU, so a trial takes exactly its
 # workers' resources and the slots computed from them (packs.trial_slots) are all usable. Tune refuses
 # an actor that asks for nothing at all; what it does use is memory, about this much (a Python process
 # with Ray, torch and rayb imported).
