@@ -81,6 +81,14 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
     assert done.stdout.decode().strip() == "[]", done.stderr.decode()[-2000:]
 
 
+def test_worker_groups_start_no_ray_data_machinery(runs):
+    """rayb passes Ray Train no datasets: its runs start no DatasetManager actor (trainer.PackTrainer)."""
+    from ray.util.state import list_actors
+
+    started = {actor.class_name for actor in list_actors(limit=10_000, raise_on_missing_output=False)}
+    assert "TrainController" in started and "DatasetManager" not in started, sorted(started)
+
+
 def _digests(trial_dir: Path) -> list[int]:
     return [r["batch_digest"] for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
 

@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+from rayb.train.backend import TorchGroup
 from rayb.train.trial import TrialPack
 from rayb.tune.packs import worker_resources
 
 if TYPE_CHECKING:  # the Tune actor that runs fit_pack imports none of these: its workers do
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
     from rayb.models.kernels import KernelPath
     from rayb.models.selfcheck import CheckResult, ModelToCheck
 
@@ -42,24 +44,29 @@ def fit_pack(
     pack_trainer(pack, loop, one_node, queue).fit()
 
 
+class PackTrainer(DataParallelTrainer):
+    """A TorchTrainer's run (torch's process group, from train/backend.py), with less to start: each run of
+    Ray Train also starts a DatasetManager actor, a process of its own, and sends every worker Ray Data's
+    context, datasets or none. rayb passes none (each worker reads its trials' token cache itself)."""
+
+    def _create_default_callbacks(self):
+        return [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
+
+
 def pack_trainer(
     pack: TrialPack,
     loop: Callable[[dict[str, Any]], None] | None = None,
     one_node: bool = True,
     queue: str | None = None,
-) -> DataParallelTrainer:
-    """The Ray Train trainer of `fit_pack`: a TorchTrainer's, but with a backend (train/backend.py) that
-    leaves torch out of this process and out of Ray Train's controller."""
+) -> PackTrainer:
+    """The Ray Train trainer of `fit_pack`."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-    from rayb.train.backend import TorchGroup
 
     for setting in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT):
         os.environ.setdefault(*setting)  # a user's own setting wins
     t = pack.train
-    return DataParallelTrainer(
+    return PackTrainer(
         loop or train_on_worker,
         # When, and on which node, the driver asked for the group: the loop reports how long the group
         # took to start (a worker on another node reports nothing: its clock is another machine's).
