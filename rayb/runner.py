@@ -193,6 +193,7 @@ def run_study(
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
+    from rayb.train.trainer import start_train_services
     from rayb.tune.sweep import run_pool
 
     began = time.perf_counter()
@@ -211,8 +212,10 @@ def run_study(
                 f"Ray's own logs: {study_local / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
             )
         cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
-        if study.trained_models and not eval_only and (why := unfittable(study.train, capacity)):
-            raise StudyError(f"train: {why}")
+        if study.trained_models and not eval_only:
+            if why := unfittable(study.train, capacity):
+                raise StudyError(f"train: {why}")
+            start_train_services()
         stages.end("ray_start")
         log("preparing data (tokenize, pack, mix) ...")
         cache = prepare_data(study.data, storage.join(out, "cache"), progress=log)

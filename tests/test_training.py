@@ -89,6 +89,18 @@ def test_worker_groups_start_no_ray_data_machinery(runs):
     assert "TrainController" in started and "DatasetManager" not in started, sorted(started)
 
 
+def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(runs):
+    """trainer.start_train_services starts Ray Train's autoscaling coordinator before any run needs it: after
+    the runs above, the cluster has that one coordinator, not a second one of Ray Train's own."""
+    from ray.util.state import list_actors
+
+    from rayb.train.trainer import start_train_services
+
+    start_train_services()
+    alive = [("class_name", "=", "_AutoscalingCoordinatorActor"), ("state", "=", "ALIVE")]
+    assert len(list_actors(filters=alive, raise_on_missing_output=False)) == 1
+
+
 def _digests(trial_dir: Path) -> list[int]:
     return [r["batch_digest"] for r in read_metrics(trial_dir / METRICS) if r["kind"] == "train"]
 

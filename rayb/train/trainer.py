@@ -93,6 +93,19 @@ def pack_trainer(
     )
 
 
+def start_train_services() -> None:
+    """Start, without waiting for it, the actor that Ray Train's runs share on a cluster: its autoscaling
+    coordinator (a detached actor, on this node), to which every run's controller sends its resource request
+    as it starts. Started now, its process comes up while the driver prepares the study; else the first
+    worker group's controller starts it and waits for it (1-2 s on 2 cores). The call is Ray Train's own,
+    so the actor is the one its runs look up by name."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    get_or_create_autoscaling_coordinator()
+
+
 def train_on_worker(config: dict[str, Any]) -> None:
     """rayb's training loop, imported on the worker that runs it: this module's processes (the Tune actor,
     Ray Train's controller) import no torch."""
