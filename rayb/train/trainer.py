@@ -1,5 +1,6 @@
-"""Ray Train: one trainer per worker group, named after it so a relaunch resumes it; and the
-kernel probe and self-checks a GPU study runs on a GPU worker before it trains."""
+"""Ray Train: one trainer per worker group, named after it so a relaunch resumes it; the actor all its
+runs share, started early; and the kernel probe and self-checks a GPU study runs on a GPU worker before
+it trains."""
 
 from __future__ import annotations
 
