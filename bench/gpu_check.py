@@ -175,7 +175,8 @@ def gpu_study(
 
 def run_rayb(study, out: Path) -> tuple[list[Path], float, float]:
     """(each trial's directory, the whole run's wall seconds, its training stage's seconds)."""
-    from rayb.runner import TIMINGS, run_study
+    from rayb.runner import run_study
+    from rayb.stages import TIMINGS
 
     began = time.perf_counter()
     outcome = run_study(study, out, log=lambda msg: print(f"  rayb: {msg}"))

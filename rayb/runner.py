@@ -34,6 +34,7 @@ from rayb.lock import study_lock, trial_claims
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
 from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
+from rayb.stages import TIMINGS, Stages
 from rayb.study import (
     PRIMARY_SUITE,
     RAY_LOG,
@@ -388,22 +389,6 @@ def _seed_counts(trials: list[TrialSpec]) -> str:
     for t in trials:
         counts.setdefault(t.model, set()).add(t.seed)
     return ", ".join(f"{model} {len(seeds)}" for model, seeds in counts.items())
-
-
-TIMINGS = "timings.json"  # where this run's wall-clock went, stage by stage (bench/overhead.py reads it)
-
-
-class Stages:
-    """Seconds spent in each stage of a run, in order."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._since = time.perf_counter()
-
-    def end(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.seconds[f"{stage}_s"] = round(now - self._since, 3)
-        self._since = now
 
 
 def self_checks(study: Study, vocab_size: int, provenance: dict[str, Any], log) -> list[dict[str, Any]]:

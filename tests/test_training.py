@@ -21,7 +21,7 @@ from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
 from rayb.train.loop import METRICS
-from rayb.train.trainer import fit_pack, pack_trainer
+from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 from rayb.tune.packs import worker_pool
 from rayb.tune.sweep import run_pool
@@ -53,10 +53,10 @@ def runs(tiny_cache, tmp_path_factory):
     }
     # One worker group trains these one after another, as a study's pack does: each builds its own model,
     # optimizer and engine.
-    fit_pack(TrialPack(tuple(trial for _, trial in one_worker.values())))
+    pack_trainer(TrialPack(tuple(trial for _, trial in one_worker.values()))).fit()
     # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node.
     two_workers = _trial(tiny_cache, out / "w2", 0, 2)
-    fit_pack(TrialPack((two_workers[1],)), loop=strict_train_loop)
+    pack_trainer(TrialPack((two_workers[1],)), loop=strict_train_loop).fit()
     runs = one_worker | {("gpt2", 2): two_workers}
     return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
 
@@ -250,7 +250,7 @@ def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, 
     out = tmp_path if where == "local" else f"s3://{request.getfixturevalue('s3_bucket')}/out"
     raw = tiny_study_dict(seeds=[0])
     trial = next(t for t in plan_trials(parse_study(raw), tiny_cache, out) if t.arch == "gpt2")
-    fit_pack(TrialPack((trial,)), loop=_stop_after_step_8)
+    pack_trainer(TrialPack((trial,)), loop=_stop_after_step_8).fit()
     log = storage.join(trial.trial_dir, METRICS)
     assert read_metrics(log)[-1]["step"] == 8 and not storage.exists(
         storage.join(trial.trial_dir, TRAIN_DONE)
@@ -260,7 +260,7 @@ def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, 
     storage.write_bytes(storage.join(finished.trial_dir, TRAIN_DONE), b"{}")
     relaunch = TrialPack((finished, trial))
     assert relaunch.run_name != TrialPack((trial,)).run_name
-    fit_pack(relaunch)
+    pack_trainer(relaunch).fit()
     assert restart_points(storage.fetch(log)) == []
     assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] == [8]
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]

@@ -16,7 +16,7 @@ from rayb.train.backend import TorchGroup
 from rayb.train.trial import TrialPack
 from rayb.tune.packs import worker_resources
 
-if TYPE_CHECKING:  # the Tune actor that runs fit_pack imports none of these: its workers do
+if TYPE_CHECKING:  # the Tune actor that runs pack_trainer imports none of these: its workers do
     from rayb.models.kernels import KernelPath
     from rayb.models.selfcheck import CheckResult, ModelToCheck
 
@@ -31,18 +31,6 @@ HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # that has not started for as long as it takes (its default), and the sweep's ClusterWatch (tune/sweep.py)
 # ends a wait that the cluster can no longer ever satisfy.
 GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
-
-
-def fit_pack(
-    pack: TrialPack,
-    loop: Callable[[dict[str, Any]], None] | None = None,
-    one_node: bool = True,
-    queue: str | None = None,
-) -> None:
-    """Train a pack's trials on one worker group, or with a `queue` (the pool's TrialQueue actor, by name)
-    the trials the group takes from it: on a single node where `one_node` (packs.one_node), else across
-    nodes. `loop` is the per-worker function (rayb's by default; a test may wrap it)."""
-    pack_trainer(pack, loop, one_node, queue).fit()
 
 
 class PackTrainer(DataParallelTrainer):
@@ -60,7 +48,10 @@ def pack_trainer(
     one_node: bool = True,
     queue: str | None = None,
 ) -> PackTrainer:
-    """The Ray Train trainer of `fit_pack`."""
+    """The Ray Train trainer whose `.fit()` trains a pack's trials on one worker group, or with a `queue`
+    (the pool's TrialQueue actor, by name) the trials the group takes from it: on a single node where
+    `one_node` (packs.one_node), else across nodes. `loop` is the per-worker function (rayb's by default;
+    a test may wrap it)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 

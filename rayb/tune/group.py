@@ -47,12 +47,12 @@ def worker_group(config: dict) -> None:
     from ray import tune
     from ray.train import TrainingFailedError
 
-    from rayb.train.trainer import fit_pack
+    from rayb.train.trainer import pack_trainer
     from rayb.train.trial import TrialPack
 
     pack = TrialPack.from_dict(config["pack"])
     try:
-        fit_pack(pack, one_node=config["one_node"], queue=config["queue"])
+        pack_trainer(pack, one_node=config["one_node"], queue=config["queue"]).fit()
     except TrainingFailedError as exc:
         held, waiting = ray.get(ray.get_actor(config["queue"]).fail.remote(pack.queue, pack.run_name))
         error = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}

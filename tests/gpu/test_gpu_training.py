@@ -117,7 +117,7 @@ def test_a_compiled_trial_trains_the_same_model(gpu_run, tmp_path):
     (bf16 rounding differs between the fused and eager kernels)."""
     from rayb.runner import plan_trials
     from rayb.study import parse_study
-    from rayb.train.trainer import fit_pack
+    from rayb.train.trainer import pack_trainer
     from rayb.train.trial import TrialPack
 
     out, table = gpu_run
@@ -125,7 +125,7 @@ def test_a_compiled_trial_trains_the_same_model(gpu_run, tmp_path):
     raw["models"] = [m for m in raw["models"] if m["arch"] == "gpt2"]
     (cache_dir,) = (out / "cache" / "data").iterdir()
     (trial,) = plan_trials(parse_study(raw), TokenCache(cache_dir), tmp_path)
-    fit_pack(TrialPack((trial,)))
+    pack_trainer(TrialPack((trial,))).fit()
     compiled = [r["loss"] for r in read_metrics(Path(trial.trial_dir) / METRICS) if r["kind"] == "train"]
     eager = list(table.loc["gpt2"].curve_train_loss)
     assert abs(compiled[0] - eager[0]) < 1e-2 and abs(compiled[-1] - eager[-1]) < 5e-2
@@ -137,7 +137,7 @@ def test_a_killed_worker_resumes_onto_the_uninterrupted_curve(gpu_run, tmp_path)
     backward) are not bitwise reproducible, so the curves are held to 1e-2 rather than to the last bit."""
     from rayb.runner import plan_trials
     from rayb.study import parse_study
-    from rayb.train.trainer import fit_pack
+    from rayb.train.trainer import pack_trainer
     from rayb.train.trial import TrialPack
 
     out, table = gpu_run
@@ -146,7 +146,7 @@ def test_a_killed_worker_resumes_onto_the_uninterrupted_curve(gpu_run, tmp_path)
     study = parse_study(raw)
     (cache_dir,) = (out / "cache" / "data").iterdir()
     (trial,) = plan_trials(study, TokenCache(cache_dir), tmp_path)
-    thread = threading.Thread(target=fit_pack, args=(TrialPack((trial,)),))
+    thread = threading.Thread(target=pack_trainer(TrialPack((trial,))).fit)
     thread.start()
     log, run_dir = Path(trial.trial_dir) / METRICS, Path(trial.storage_path) / trial.run_name
     deadline = time.time() + 600
