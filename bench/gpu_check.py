@@ -5,6 +5,7 @@ Run on a machine with a CUDA device (it refuses to run without one):
     python bench/gpu_check.py                     # 40 measured steps after 10 warm-up steps
     python bench/gpu_check.py --steps 100 --peak-tflops 989
     python bench/gpu_check.py --pack-steps 1000 --measured-out mfu.json
+    python bench/gpu_check.py --only packing      # one section (a short GPU lease)
 
 1. The kernel path every built-in architecture takes on this GPU (mamba-ssm, causal-conv1d, fla, or a
    slow PyTorch fallback) and what would make a slow one fast.
@@ -282,6 +283,9 @@ def packing_check(args, peak: float, device: str) -> list[Measurement]:
     ]
 
 
+SECTIONS = {"gpt2": gpt2_check, "packing": packing_check}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -302,6 +306,9 @@ def main() -> None:
     parser.add_argument(
         "--measured-out", type=Path, default=default_path(), help="the MFU measurements file to add to"
     )
+    parser.add_argument(
+        "--only", choices=sorted(SECTIONS), help="run this section alone (the kernels always print)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
@@ -309,7 +316,8 @@ def main() -> None:
     peak = peak_flops(args.peak_tflops, device)
     print(f"{device}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16)")
     print_kernels()
-    measured = gpt2_check(args, peak, device) + packing_check(args, peak, device)
+    sections = [SECTIONS[args.only]] if args.only else SECTIONS.values()
+    measured = [m for section in sections for m in section(args, peak, device)]
     record_measurements(args.measured_out, measured)
     print(f"\nMFU measurements for `rayb plan --gpu {measured[0].gpu}` added to {args.measured_out}")
 
