@@ -183,7 +183,18 @@ def run_rayb(study, out: Path) -> tuple[list[Path], float, float]:
     outcome = run_study(study, out, log=lambda msg: print(f"  rayb: {msg}"))
     wall = time.perf_counter() - began
     stages = json.loads((Path(outcome.study_dir) / TIMINGS).read_text())
-    return [Path(t.trial_dir) for t in outcome.trials], wall, stages["training_s"]
+    trial_dirs = [Path(t.trial_dir) for t in outcome.trials]
+    # Where a GPU machine's fixed costs go (CUDA start-up in each process, kernel self-checks): the study's
+    # stages, and the first trial's parts outside its steps.
+    first = json.loads((trial_dirs[0] / "train_result.json").read_text())["timings"]
+    print(f"  rayb: {wall:.0f} s in all; stages {_seconds(stages)}; first trial {_seconds(first)}")
+    return trial_dirs, wall, stages["training_s"]
+
+
+def _seconds(parts: dict[str, float]) -> str:
+    return ", ".join(
+        f"{name.removesuffix('_s')} {value:.1f}" for name, value in parts.items() if name.endswith("_s")
+    )
 
 
 def median_tokens_per_s(trial_dir: Path, warmup: int) -> float:
