@@ -68,6 +68,15 @@ def registered_checkpoint_trial(run_dir: Path) -> str | None:
     return (run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip().rpartition("-step")[0]
 
 
+def train_worker_processes() -> list:
+    """The processes of Ray Train's workers on this machine (psutil.Process), for a test to kill."""
+    import psutil
+
+    return [
+        p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
+    ]
+
+
 def restart_points(metrics_log: Path) -> list[int]:
     """Steps at which a run's raw (undeduplicated) log starts over: where it resumed after a failure."""
     steps = [json.loads(line)["step"] for line in metrics_log.read_text().splitlines() if '"train"' in line]

@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
-from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict
+from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict, train_worker_processes
 
 from rayb import storage
 from rayb.data.cache import row_digest
@@ -168,12 +167,6 @@ def test_one_and_two_workers_train_the_same_model(runs):
     np.testing.assert_allclose(one, two, rtol=2e-3)
 
 
-def _train_workers() -> list[psutil.Process]:
-    return [
-        p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
-    ]
-
-
 def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache, tmp_path):
     """Two seeds in one worker group of a study's pool. SIGKILL a worker during the second: Ray Train
     restarts the group, which takes its trial from the pool's queue again and resumes it from its last
@@ -195,7 +188,7 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
     ):  # fmt: skip
         assert time.time() < deadline and thread.is_alive(), "training never reached the kill step"
         time.sleep(0.05)
-    victims = _train_workers()
+    victims = train_worker_processes()
     assert victims, "no Ray Train worker process found"
     for process in victims:
         process.send_signal(signal.SIGKILL)

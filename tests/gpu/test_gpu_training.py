@@ -13,11 +13,10 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import yaml
-from conftest import registered_checkpoint_step, tiny_study_dict
+from conftest import registered_checkpoint_step, tiny_study_dict, train_worker_processes
 from typer.testing import CliRunner
 
 from rayb.cli import app
@@ -189,9 +188,7 @@ def test_a_killed_worker_resumes_onto_the_uninterrupted_curve(gpt2_run, tmp_path
         assert time.time() < deadline and thread.is_alive(), "training never passed its step-10 checkpoint"
         time.sleep(0.05)
     killed_at = read_metrics(log)[-1]["step"]
-    workers = [
-        p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
-    ]
+    workers = train_worker_processes()
     assert workers, "no Ray Train worker process found"
     for process in workers:
         process.send_signal(signal.SIGKILL)
