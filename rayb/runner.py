@@ -47,7 +47,7 @@ from rayb.study import (
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
-from rayb.tune.packs import Capacity, left_free, trial_slots, unfittable, worker_pool
+from rayb.tune.packs import Capacity, groups_at_once, left_free, trial_slots, unfittable, worker_pool
 
 
 @dataclass
@@ -268,14 +268,14 @@ def run_study(
             """Train on a worker pool of their own: a study in rounds of seeds starts one per round, since
             each round's decision waits on evaluations that need what the groups would hold."""
             nonlocal trained, groups
-            if not (
-                pool := worker_pool([t for t in trials_to_train if t.arch != PRETRAINED_ARCH], slots, cores)
-            ):
+            to_train = [t for t in trials_to_train if t.arch != PRETRAINED_ARCH]
+            at_once = groups_at_once(to_train, slots, capacity)
+            if not (pool := worker_pool(to_train, at_once, cores)):
                 return
             trained += len({t.key for g in pool for t in g.trials})
-            at_once = min(slots, len(pool))
+            at_once = min(at_once, len(pool))
             groups = max(groups, at_once)
-            feed.pool, feed.slots = pool, slots
+            feed.pool, feed.slots = pool, at_once
             errors.update(run_pool(pool, storage.join(out, "ray", "tune"), at_once, study_dir))
 
         with (

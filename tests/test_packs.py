@@ -14,6 +14,7 @@ from rayb.train.trial import TrialPack, TrialSpec
 from rayb.tune.packs import (
     Capacity,
     NodeType,
+    groups_at_once,
     groups_fitting,
     groups_per_queue,
     left_free,
@@ -68,6 +69,30 @@ def test_the_costliest_trials_go_first_and_the_pool_ends_when_its_last_group_doe
     assert makespan([[3, 1, 1, 1]], [2], slots=2) == 3 and makespan([[1, 1, 1, 3]], [2], slots=2) == 4
     # Groups beyond the slots start as others end; a group whose queue is empty by then ends at once.
     assert makespan([[1, 1], [5]], [1, 1], slots=1) == 7 and makespan([[2, 2, 2, 2]], [4], slots=2) == 4
+
+
+def test_a_cpu_node_trains_as_many_groups_at_once_as_end_soonest_on_its_cores():
+    two_cores = Capacity(({"CPU": 2.0},))
+
+    def seeds(n: int, **train) -> list[TrialSpec]:
+        return [
+            replace(t, train_flops_per_token=6e6) for t in _trials(models=("gpt2",), seeds=range(n), **train)
+        ]
+
+    # 1.74x faster on two threads than on one: three seeds end sooner one by one on both cores (3 trials'
+    # time) than two at once on one core each and then the third alone (2 x 1.74); two or ten seeds sooner
+    # two at a time.
+    assert [groups_at_once(seeds(n), 2, two_cores) for n in (1, 2, 3, 4, 10)] == [1, 2, 1, 2, 2]
+    (group,) = worker_pool(seeds(3), groups_at_once(seeds(3), 2, two_cores), cores=2)
+    assert group.threads == 2 and len(group.trials) == 3
+    # Eight cores, ten seeds: four groups on two threads each (3 rounds x 0.57) beat eight on one
+    # (2 rounds x 1) and two on four (5 x 0.36).
+    assert groups_at_once(seeds(10), 8, Capacity(({"CPU": 8.0},))) == 4
+    # GPUs, nodes whose threads are each node's own, and an autoscaler: every slot.
+    assert groups_at_once(seeds(3, use_gpu=True), 2, Capacity(({"CPU": 8.0, "GPU": 2.0},))) == 2
+    assert groups_at_once(seeds(3), 2, Capacity(({"CPU": 1.0}, {"CPU": 1.0}))) == 2
+    assert groups_at_once(seeds(3), 2, Capacity(({"CPU": 2.0},), scales=True)) == 2
+    assert groups_at_once(seeds(3, max_concurrent_trials=2), 2, two_cores) == 2  # as the study asks
 
 
 def test_trials_that_need_another_worker_group_or_run_a_users_model_train_apart():

@@ -156,24 +156,70 @@ def groups_per_queue(sizes: list[int], slots: int) -> list[int]:
     return cuts
 
 
-def worker_pool(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
-    """The worker groups that train `trials`: per group shape, a queue of its trials, costliest first (the
-    longest trials start first, so none starts last and runs on alone), served by as many groups as
-    `groups_per_queue` gives it (`TrialPack.group`). The groups that run at once share `cores` among their
-    workers as torch threads."""
+def _cost(trial: TrialSpec) -> float:
+    return trial.train_flops_per_token * trial.steps
+
+
+def _queues(trials: list[TrialSpec]) -> list[list[TrialSpec]]:
+    """A queue of trials per group shape, costliest first (the longest trials start first, so none starts
+    last and runs on alone)."""
     queues: dict[str, list[TrialSpec]] = {}
     for trial in trials:
         queues.setdefault(group_of(trial.model, trial.arch, trial.train), []).append(trial)
-    ordered = [sorted(queue, key=lambda t: -t.train_flops_per_token * t.steps) for queue in queues.values()]
+    return [sorted(queue, key=lambda t: -_cost(t)) for queue in queues.values()]
+
+
+def _threads(cores: int, at_once: int, train: TrainSpec) -> int:
+    """Torch threads per worker, where `at_once` groups share `cores`."""
+    return max(1, cores // (at_once * train.num_workers))
+
+
+def worker_pool(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPack]:
+    """The worker groups that train `trials`: per group shape, a queue of its trials (`_queues`), served by
+    as many groups as `groups_per_queue` gives it (`TrialPack.group`). The groups that run at once share
+    `cores` among their workers as torch threads."""
+    queues = _queues(trials)
     groups = [
         TrialPack(tuple(queue), group=i)
-        for queue, count in zip(ordered, groups_per_queue([len(q) for q in ordered], slots), strict=True)
+        for queue, count in zip(queues, groups_per_queue([len(q) for q in queues], slots), strict=True)
         for i in range(count)
     ]
     if not groups:
         return []
-    threads = max(1, cores // (min(slots, len(groups)) * trials[0].train.num_workers))
+    threads = _threads(cores, min(slots, len(groups)), trials[0].train)
     return [replace(g, threads=threads) for g in groups]
+
+
+# The share of a small model's CPU training step that more torch threads do not speed up (Amdahl's law),
+# from bench/overhead.py on 2 cores: a smoke-study gpt2 trial took 22 s alone on 2 threads and 37-39 s on
+# 1 thread while a second group trained beside it (1.7-1.8x, a share of 0.12-0.20).
+SERIAL_SHARE = 0.15
+
+
+def thread_speedup(threads: int) -> float:
+    return 1.0 / (SERIAL_SHARE + (1.0 - SERIAL_SHARE) / threads)
+
+
+def groups_at_once(trials: list[TrialSpec], slots: int, capacity: Capacity) -> int:
+    """How many of the `slots` worker groups that fit should train at once: on one CPU node, the count that
+    ends soonest, its groups sharing the node's cores as torch threads (`thread_speedup`). Three seeds on
+    two cores end sooner one after another on both cores than two at once and then the third alone on one;
+    ten end sooner two at a time. A GPU study, one spread over nodes (whose threads are each node's), and
+    one that sets max_concurrent_trials run every slot."""
+    if not trials or len(capacity.nodes) != 1 or capacity.scales:
+        return slots
+    train = trials[0].train
+    if train.use_gpu or train.max_concurrent_trials:
+        return slots
+    cores = int(capacity.nodes[0].get("CPU", 1))
+    queues = _queues(trials)
+    durations = [[_cost(t) for t in queue] for queue in queues]
+
+    def wall(at_once: int) -> float:
+        groups = groups_per_queue([len(q) for q in queues], at_once)
+        return makespan(durations, groups, at_once) / thread_speedup(_threads(cores, at_once, train))
+
+    return min(range(1, min(slots, len(trials)) + 1), key=wall)  # the fewest groups of equals
 
 
 def makespan(queues: list[list[float]], groups: list[int], slots: int) -> float:
