@@ -210,6 +210,76 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
         assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))
 
 
+def _steps_after_8_held(config):
+    """rayb's loop with each step after 8 held back 0.2 s: a kill after the step-8 checkpoint lands before
+    training ends (holding a step changes none of its numbers)."""
+    from rayb.train import loop
+
+    real_step = loop._train_step
+
+    def train_step(run, step):
+        if step > 8:
+            time.sleep(0.2)
+        return real_step(run, step)
+
+    loop._train_step = train_step
+    loop.train_loop_per_worker(config)
+
+
+def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, tiny_cache, tmp_path):
+    """SIGKILL the Ray Train controller of a pool's worker group mid-trial. Its workers die with it, but its
+    placement group belongs to the job and would hold their CPUs until the study ends: the pool's queue
+    removes it (trainer.PoolCleaner, in place of Ray Train's cleaner actor per run). Started again, as Tune
+    starts a lost group, the run resumes its trial to the uninterrupted result."""
+    import psutil
+    import ray
+    from ray.util import placement_group_table
+
+    from rayb.tune.group import TrialQueue
+
+    def held() -> set[str]:
+        return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    _, reference_dir = runs[("gpt2", 1)]
+    trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, tmp_path)
+                 if t.arch == "gpt2")  # fmt: skip
+    (pack,) = worker_pool([trial], slots=1, cores=1)  # one thread, as the reference trained
+    name, earlier = f"queue-{tmp_path.name}", held()
+    queue = ray.remote(TrialQueue).options(name=name, num_cpus=0).remote({pack.queue: [trial.key]})
+    died: list[Exception] = []
+
+    def fit() -> None:
+        try:
+            pack_trainer(pack, loop=_steps_after_8_held, queue=name).fit()
+        except Exception as exc:  # the run's controller is gone
+            died.append(exc)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    log, run_dir = Path(trial.trial_dir) / METRICS, Path(pack.storage_path) / pack.run_name
+    deadline = time.time() + 300
+    while not (log.exists() and registered_checkpoint_trial(run_dir) == trial.key):
+        assert time.time() < deadline and thread.is_alive(), "no checkpoint registered in time"
+        time.sleep(0.05)
+    assert held() - earlier, "the run holds no placement group"
+    (controller,) = [p for p in psutil.process_iter(["cmdline"])
+                     if "TrainController.run" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    controller.send_signal(signal.SIGKILL)
+    thread.join(timeout=120)
+    assert died and not thread.is_alive()
+    deadline = time.time() + 10 * TrialQueue.CHECK_S
+    while held() - earlier:
+        assert time.time() < deadline, "the killed run's placement group still holds its CPUs"
+        time.sleep(0.2)
+
+    pack_trainer(pack, queue=name).fit()
+    ray.kill(queue)
+    assert json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())["status"] == "ok"
+    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] == [8]
+    resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
+    assert resumed == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+
+
 class _Stopped(Exception):
     pass
 

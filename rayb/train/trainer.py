@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from rayb.train.backend import TorchGroup
@@ -33,13 +35,55 @@ HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 
+class PoolCleaner(ControllerCallback, WorkerGroupCallback):
+    """Ray Train's PlacementGroupCleanerCallback for a run of the pool, with the pool's queue as the cleaner
+    (tune/group.TrialQueue): the run registers its controller and each worker group's placement group there,
+    and lets go of them once it ends."""
+
+    def __init__(self, queue: str):
+        self.queue = queue
+        self.controller: str | None = None
+
+    def after_controller_start(self, train_run_context) -> None:
+        import ray
+
+        self.controller = ray.get_runtime_context().get_actor_id()
+
+    def after_worker_group_start(self, worker_group) -> None:
+        import ray
+
+        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+        ray.get(ray.get_actor(self.queue).watch.remote(self.controller, group))
+
+    def after_controller_finish(self, result) -> None:
+        self._let_go()
+
+    def before_controller_abort(self) -> None:
+        self._let_go()
+
+    def _let_go(self) -> None:
+        import ray
+
+        if self.controller is not None:
+            ray.get(ray.get_actor(self.queue).unwatch.remote(self.controller))
+            self.controller = None
+
+
 class PackTrainer(DataParallelTrainer):
     """A TorchTrainer's run (torch's process group, from train/backend.py), with less to start: each run of
     Ray Train also starts a DatasetManager actor, a process of its own, and sends every worker Ray Data's
-    context, datasets or none. rayb passes none (each worker reads its trials' token cache itself)."""
+    context, datasets or none. rayb passes none (each worker reads its trials' token cache itself). A run
+    of the pool (`queue`: its TrialQueue actor's name) has the queue clean up after it (PoolCleaner), not
+    an actor of its own."""
+
+    def __init__(self, *args, queue: str | None = None, **kwargs):
+        self.queue = queue
+        super().__init__(*args, **kwargs)
 
     def _create_default_callbacks(self):
-        return [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
+        dropped = (DatasetsCallback,) + ((PlacementGroupCleanerCallback,) if self.queue else ())
+        kept = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
+        return kept + ([PoolCleaner(self.queue)] if self.queue else [])
 
 
 def pack_trainer(
@@ -60,6 +104,7 @@ def pack_trainer(
     t = pack.train
     return PackTrainer(
         loop or train_on_worker,
+        queue=queue,
         # When, and on which node, the driver asked for the group: the loop reports how long the group
         # took to start (a worker on another node reports nothing: its clock is another machine's).
         train_loop_config={

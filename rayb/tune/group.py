@@ -9,6 +9,8 @@ queue's actor four seconds of the two cores a laptop study starts on).
 
 from __future__ import annotations
 
+import threading
+import time
 import traceback
 from collections import deque
 
@@ -16,11 +18,47 @@ from collections import deque
 class TrialQueue:
     """The pool's trials still to train, a queue per group shape, and the trial each group holds: a group
     restarted after a failure (Ray Train's restart of its workers, or Tune's of a group lost with its node)
-    is handed its trial again, to resume it. A Ray actor, named, on the driver's node."""
+    is handed its trial again, to resume it. A Ray actor, named, on the driver's node.
+
+    It also removes the placement group of a group whose Ray Train controller died without ending its run
+    (lost with its Tune actor's node, or killed): such a placement group belongs to the job, not to the
+    controller, and would hold its CPUs or GPUs from the restarted group until the study ends. Ray Train
+    starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
+    asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
+    cores, and up to a second more at the run's end. The pool's queue does it once for all its groups,
+    asking the GCS (see trainer.PoolCleaner)."""
+
+    CHECK_S = 1.0  # how often the controllers' liveness is asked for
 
     def __init__(self, queues: dict[str, list[str]]):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
+        self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
+        self._watcher: threading.Thread | None = None
+
+    def watch(self, controller: str, placement_group) -> None:
+        """Remove `placement_group` if the controller dies before it `unwatch`es (a controller that starts
+        another worker group registers that one's instead)."""
+        self.watched[controller] = placement_group
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._remove_orphans, daemon=True)
+            self._watcher.start()
+
+    def unwatch(self, controller: str) -> None:
+        self.watched.pop(controller, None)
+
+    def _remove_orphans(self) -> None:
+        from ray._private.state import actors
+        from ray.util.placement_group import placement_group_table, remove_placement_group
+
+        while True:
+            time.sleep(self.CHECK_S)
+            for controller, group in list(self.watched.items()):
+                if actors(controller).get("State") != "DEAD":
+                    continue
+                self.watched.pop(controller, None)
+                if placement_group_table(group).get("state") not in (None, "REMOVED"):
+                    remove_placement_group(group)
 
     def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
         """The group's next trial (None once its queue is empty), after the one it `finished`."""
