@@ -49,8 +49,10 @@ def init_ray(ray_logs: Path | None = None) -> None:
         # The machine's real cores: a trial holds only its workers' CPUs (its Tune actor and Train
         # controller hold none), so nothing needs more slots than there are cores.
         num_cpus=os.cpu_count() or 1,
-        # The dashboard (on 127.0.0.1 only) also serves the State API that Ray Train's placement-group
-        # cleaner polls; without it that cleaner logs a warning every few seconds of every trial.
+        # The dashboard (on 127.0.0.1 only; the README points to it while a study runs) also serves the
+        # State API that Ray Train's placement-group cleaner polls in a run outside the worker pool
+        # (tune/group.TrialQueue cleans up after the pool's runs); without it that cleaner logs a warning
+        # every few seconds. It costs about 2 s of Ray's start on 2 cores.
         include_dashboard=True,
         **quiet,
     )

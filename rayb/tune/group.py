@@ -9,10 +9,13 @@ queue's actor four seconds of the two cores a laptop study starts on).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
 from collections import deque
+
+logger = logging.getLogger(__name__)
 
 
 class TrialQueue:
@@ -54,11 +57,13 @@ class TrialQueue:
         while True:
             time.sleep(self.CHECK_S)
             for controller, group in list(self.watched.items()):
-                if actors(controller).get("State") != "DEAD":
-                    continue
-                self.watched.pop(controller, None)
-                if placement_group_table(group).get("state") not in (None, "REMOVED"):
-                    remove_placement_group(group)
+                try:
+                    if actors(controller).get("State") == "DEAD":
+                        if placement_group_table(group).get("state") not in (None, "REMOVED"):
+                            remove_placement_group(group)
+                        self.watched.pop(controller, None)
+                except Exception:  # the GCS unreachable for a moment: ask again next time
+                    logger.warning("could not check controller %s", controller, exc_info=True)
 
     def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
         """The group's next trial (None once its queue is empty), after the one it `finished`."""
