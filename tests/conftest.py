@@ -77,6 +77,29 @@ def train_worker_processes() -> list:
     ]
 
 
+def loop_with_steps_held(after: int, seconds: float):
+    """rayb's training loop with each step after `after` held back `seconds`, so that a test's kill after
+    that step's checkpoint lands before training ends on any machine (holding a step changes none of its
+    numbers)."""
+
+    def held_loop(config):
+        import time
+
+        from rayb.train import loop
+
+        real_step = loop._train_step
+
+        def train_step(run, step):
+            if step > after:
+                time.sleep(seconds)
+            return real_step(run, step)
+
+        loop._train_step = train_step
+        loop.train_loop_per_worker(config)
+
+    return held_loop
+
+
 def restart_points(metrics_log: Path) -> list[int]:
     """Steps at which a run's raw (undeduplicated) log starts over: where it resumed after a failure."""
     steps = [json.loads(line)["step"] for line in metrics_log.read_text().splitlines() if '"train"' in line]

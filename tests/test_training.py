@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import registered_checkpoint_trial, restart_points, tiny_study_dict, train_worker_processes
+from conftest import (
+    loop_with_steps_held,
+    registered_checkpoint_trial,
+    restart_points,
+    tiny_study_dict,
+    train_worker_processes,
+)
 
 from rayb import storage
 from rayb.data.cache import row_digest
@@ -210,22 +216,6 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
         assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))
 
 
-def _steps_after_8_held(config):
-    """rayb's loop with each step after 8 held back 0.2 s: a kill after the step-8 checkpoint lands before
-    training ends (holding a step changes none of its numbers)."""
-    from rayb.train import loop
-
-    real_step = loop._train_step
-
-    def train_step(run, step):
-        if step > 8:
-            time.sleep(0.2)
-        return real_step(run, step)
-
-    loop._train_step = train_step
-    loop.train_loop_per_worker(config)
-
-
 def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, tiny_cache, tmp_path):
     """SIGKILL the Ray Train controller of a pool's worker group mid-trial. Its workers die with it, but its
     placement group belongs to the job and would hold their CPUs until the study ends: the pool's queue
@@ -250,7 +240,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
 
     def fit() -> None:
         try:
-            pack_trainer(pack, loop=_steps_after_8_held, queue=name).fit()
+            pack_trainer(pack, loop=loop_with_steps_held(8, 0.2), queue=name).fit()
         except Exception as exc:  # the run's controller is gone
             died.append(exc)
 

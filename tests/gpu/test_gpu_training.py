@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import registered_checkpoint_step, tiny_study_dict, train_worker_processes
+from conftest import loop_with_steps_held, registered_checkpoint_step, tiny_study_dict, train_worker_processes
 from typer.testing import CliRunner
 
 from rayb.cli import app
@@ -148,22 +148,6 @@ def test_a_compiled_trial_trains_the_same_model(gpt2_run, tmp_path):
     assert abs(compiled[0] - eager[0]) < 1e-2 and abs(compiled[-1] - eager[-1]) < 5e-2
 
 
-def _steps_after_10_held(config):
-    """rayb's loop with each step after 10 held back 0.3 s: on any GPU the kill lands between the step-10
-    checkpoint and the end of training (holding a step changes none of its numbers)."""
-    from rayb.train import loop
-
-    real_step = loop._train_step
-
-    def train_step(run, step):
-        if step > 10:
-            time.sleep(0.3)
-        return real_step(run, step)
-
-    loop._train_step = train_step
-    loop.train_loop_per_worker(config)
-
-
 def test_a_killed_worker_resumes_onto_the_uninterrupted_curve(gpt2_run, tmp_path):
     """SIGKILL the training worker once the step-10 checkpoint is registered: Ray Train restarts it from
     that checkpoint, or from step 20's (weights, optimizer, schedule, data position, CPU and CUDA random
@@ -179,7 +163,9 @@ def test_a_killed_worker_resumes_onto_the_uninterrupted_curve(gpt2_run, tmp_path
     raw["models"] = [m for m in raw["models"] if m["arch"] == "gpt2"]
     (cache_dir,) = (out / "cache" / "data").iterdir()
     (trial,) = plan_trials(parse_study(raw), TokenCache(cache_dir), tmp_path)
-    thread = threading.Thread(target=pack_trainer(TrialPack((trial,)), loop=_steps_after_10_held).fit)
+    thread = threading.Thread(
+        target=pack_trainer(TrialPack((trial,)), loop=loop_with_steps_held(10, 0.3)).fit
+    )
     thread.start()
     log, run_dir = Path(trial.trial_dir) / METRICS, Path(trial.storage_path) / trial.run_name
     deadline = time.time() + 600
