@@ -265,7 +265,8 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     pack_trainer(pack, queue=name).fit()
     ray.kill(queue)
     assert json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())["status"] == "ok"
-    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] == [8]
+    # From its step-8 checkpoint (or step 16's, on a machine so loaded that the kill came 8 held steps late).
+    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] in ([8], [16])
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
     assert resumed == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
 
@@ -315,7 +316,8 @@ def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, 
     assert relaunch.run_name != TrialPack((trial,)).run_name
     pack_trainer(relaunch).fit()
     assert restart_points(storage.fetch(log)) == []
-    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] == [8]
+    # From its step-8 checkpoint (or step 16's, on a machine so loaded that the kill came 8 held steps late).
+    assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] in ([8], [16])
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
     reference = [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
     assert resumed == reference
