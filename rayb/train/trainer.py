@@ -81,9 +81,11 @@ class PackTrainer(DataParallelTrainer):
         super().__init__(*args, **kwargs)
 
     def _create_default_callbacks(self):
-        dropped = (DatasetsCallback,) + ((PlacementGroupCleanerCallback,) if self.queue else ())
-        kept = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
-        return kept + ([PoolCleaner(self.queue)] if self.queue else [])
+        callbacks = [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
+        if self.queue is None:
+            return callbacks
+        kept = [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
+        return kept + [PoolCleaner(self.queue)]
 
 
 def pack_trainer(
