@@ -253,6 +253,13 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="show Ray's own logs here too (else they go to files)")
     ] = False,
+    dashboard: Annotated[
+        bool,
+        typer.Option(
+            "--dashboard",
+            help="also start the local Ray's dashboard, on 127.0.0.1 (a cluster at RAY_ADDRESS has its own)",
+        ),
+    ] = False,
 ) -> None:
     """Run a study end to end on a local Ray, or on the cluster at RAY_ADDRESS."""
     study = _load(study_file)  # before Ray starts: bad input costs nothing
@@ -281,6 +288,7 @@ def run(
                 archive_uri=archive,
                 eval_only=eval_only,
                 ray_logs=verbose,
+                dashboard=dashboard,
             )
     except StudyFailed as exc:  # after training: the results so far are kept
         console.print(f"[red]study failed[/red] {escape(str(exc))}", highlight=False)

@@ -185,11 +185,12 @@ def run_study(
     archive_uri: str | None = None,
     eval_only: bool = False,
     ray_logs: bool = True,
+    dashboard: bool = False,
 ) -> StudyOutcome:
     """Run `study` (or, with `eval_only`, only evaluate its already-trained checkpoints) and report it;
     without `ray_logs`, Ray's own output goes to files (RAY_LOG in the study directory, and Ray's session
-    logs) rather than the terminal. Raises StudyError for a study that cannot run or be judged; whatever
-    finished stays on disk."""
+    logs) rather than the terminal; with `dashboard`, a local Ray runs its dashboard. Raises StudyError for
+    a study that cannot run or be judged; whatever finished stays on disk."""
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.report.provenance import PROVENANCE_NAME, collect
@@ -207,7 +208,8 @@ def run_study(
     study_local.mkdir(parents=True, exist_ok=True)
     with study_lock(study_dir):  # a second run of this study refuses, naming this one
         stages = Stages()
-        runtime.init_ray(None if ray_logs else study_local / RAY_LOG)
+        if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
+            log(f"Ray's dashboard: http://{url}")
         if not ray_logs:
             log(
                 f"Ray's own logs: {study_local / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"

@@ -17,20 +17,21 @@ from rayb.tune.packs import Capacity, NodeType
 BOOTSTRAP_CONFIG = Path("~/ray_bootstrap_config.yaml")
 
 
-def init_ray(ray_logs: Path | None = None) -> None:
+def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | None:
     """Connect to (or start) Ray. With `ray_logs`, Ray's own output goes to files instead of the terminal:
     the driver's log records to that file, the workers' output stays in the Ray session's log directory,
-    and Tune's and Ray Data's progress blocks are off (rayb prints its own progress)."""
+    and Tune's and Ray Data's progress blocks are off (rayb prints its own progress). A local instance runs
+    Ray's dashboard only with `dashboard` (a cluster keeps its own); returns its address where it started."""
     import ray
 
     if ray_logs is not None:
         _quiet_driver(ray_logs)
     if ray.is_initialized():
-        return
+        return None
     quiet = {"log_to_driver": ray_logs is None}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
-        return
+        return None
     # A private, local instance. Its processes inherit this environment, which carries its settings:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # - the driver's import path (see driver_import_path). Not as a job runtime env: with one, no task or
@@ -45,17 +46,18 @@ def init_ray(ray_logs: Path | None = None) -> None:
     #   CPU from training, whose steps took 10-14% longer over ten seeds on 2 cores. Python's own
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
-    ray.init(
+    context = ray.init(
         # The machine's real cores: a trial holds only its workers' CPUs (its Tune actor and Train
         # controller hold none), so nothing needs more slots than there are cores.
         num_cpus=os.cpu_count() or 1,
-        # The dashboard (on 127.0.0.1 only; the README points to it while a study runs) also serves the
-        # State API that Ray Train's placement-group cleaner polls in a run outside the worker pool
-        # (tune/group.TrialQueue cleans up after the pool's runs); without it that cleaner logs a warning
-        # every few seconds. It costs about 2 s of Ray's start on 2 cores.
-        include_dashboard=True,
+        # The dashboard (on 127.0.0.1 only) only when asked: it is a head process and nine module
+        # processes, which on 2 cores took 1.2-1.5 s of Ray's start and about 4.5 CPU-seconds of a study's
+        # first minute. rayb itself needs nothing from it: the worker pool's runs read the GCS
+        # (tune/group.TrialQueue), not the State API the dashboard serves.
+        include_dashboard=dashboard,
         **quiet,
     )
+    return context.dashboard_url or None
 
 
 def _quiet_driver(log_file: Path) -> None:

@@ -60,19 +60,15 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
         assert read_result(Path(trial.trial_dir), "lm", {})["status"] == "ok"
 
 
-def _alive_eval_actors() -> list[str]:
-    from ray.util.state import list_actors
+def _alive_eval_actors() -> dict[str, int]:
+    """This session's eval actors not dead, {actor id: pid}, as the GCS has them."""
+    from ray._private.state import actors
 
-    live = [("class_name", "=", "_EvalActor"), ("state", "!=", "DEAD")]
-    return [a.actor_id for a in list_actors(address=_state_address(), filters=live)]
-
-
-def _state_address() -> str:
-    """This session's Ray, named: with no address, the State API refuses to choose when other Ray
-    instances run on the machine ("Found multiple active Ray instances"), though this process is connected."""
-    import ray
-
-    return ray.get_runtime_context().gcs_address
+    return {
+        a["ActorID"]: a["Pid"]
+        for a in actors().values()
+        if a["ActorClassName"] == "_EvalActor" and a["State"] != "DEAD"
+    }
 
 
 def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
@@ -95,7 +91,7 @@ def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
             return [], True
         if not Path(first_job.out).exists():
             return [], True
-        assert alive == standing  # out of jobs, it waits instead of being let go
+        assert list(alive) == standing  # out of jobs, it waits instead of being let go
         handed.append(second_job)
         return [second_job], False
 
@@ -108,17 +104,18 @@ def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(
 
 
 def _kill_running_evaluations(killed: list[int]) -> None:
-    """SIGKILL the process of every eval actor that is running a job, as an OOM kill or a lost node ends
-    it; `killed` collects their pids. The State API goes on reporting a killed actor's job as running: only
-    a live actor's count."""
-    from ray.util.state import list_tasks
+    """SIGKILL the process of every eval actor that is running a job (Ray titles it `ray::_EvalActor.run`
+    while it does), as an OOM kill or a lost node ends it; `killed` collects their pids."""
+    import psutil
 
-    alive = set(_alive_eval_actors())
-    running = [("name", "=", "_EvalActor.run"), ("state", "=", "RUNNING")]
-    for task in list_tasks(address=_state_address(), filters=running):
-        if task.actor_id in alive and task.worker_pid not in killed:
-            os.kill(task.worker_pid, signal.SIGKILL)
-            killed.append(task.worker_pid)
+    for pid in _alive_eval_actors().values():
+        try:
+            running = psutil.Process(pid).cmdline()[:1] == ["ray::_EvalActor.run"]
+        except psutil.Error:  # gone, or not started yet (pid 0)
+            continue
+        if running and pid not in killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
 
 def _serve_killing(job, kills: int, deadline: float) -> tuple[dict, list[int], list[str]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,22 @@ def test_a_gpu_study_on_the_shipped_clusters_waits_for_the_gpu_nodes_their_autos
     assert unfittable(train, fixed) is not None  # the same head with no autoscaler: refused
     assert unfittable(train, scaling) is None
     assert one_node(train, scaling) and trial_slots(train, scaling) == 64  # 2 nodes x 8 GPUs x 4 trials each
+
+
+def test_a_local_instance_runs_a_dashboard_only_when_asked(ray_session):
+    """`rayb run` starts no dashboard (about 1.5 s of a laptop's start, and its CPU through the study);
+    `rayb run --dashboard` starts one that answers on the address rayb prints."""
+    import ray
+
+    assert not ray._private.worker.get_dashboard_url()  # the suite's instance, started as `rayb run` does
+    asked = (
+        "import json, urllib.request; from rayb.runtime import init_ray; url = init_ray(dashboard=True); "
+        "print(json.loads(urllib.request.urlopen(f'http://{url}/api/version', timeout=60).read())['ray_version'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == ray.__version__
 
 
 def test_a_local_instance_is_a_fixed_cluster(ray_session):

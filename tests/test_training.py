@@ -88,22 +88,26 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
 
 def test_worker_groups_start_no_ray_data_machinery(runs):
     """rayb passes Ray Train no datasets: its runs start no DatasetManager actor (trainer.PackTrainer)."""
-    from ray.util.state import list_actors
+    from ray._private.state import actors
 
-    started = {actor.class_name for actor in list_actors(limit=10_000, raise_on_missing_output=False)}
+    started = {actor["ActorClassName"] for actor in actors().values()}
     assert "TrainController" in started and "DatasetManager" not in started, sorted(started)
 
 
 def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(runs):
     """trainer.start_train_services starts Ray Train's autoscaling coordinator before any run needs it: after
     the runs above, the cluster has that one coordinator, not a second one of Ray Train's own."""
-    from ray.util.state import list_actors
+    from ray._private.state import actors
 
     from rayb.train.trainer import start_train_services
 
     start_train_services()
-    alive = [("class_name", "=", "_AutoscalingCoordinatorActor"), ("state", "=", "ALIVE")]
-    assert len(list_actors(filters=alive, raise_on_missing_output=False)) == 1
+    coordinators = [
+        a
+        for a in actors().values()
+        if a["ActorClassName"] == "_AutoscalingCoordinatorActor" and a["State"] == "ALIVE"
+    ]
+    assert len(coordinators) == 1
 
 
 def _digests(trial_dir: Path) -> list[int]:
