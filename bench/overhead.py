@@ -15,6 +15,12 @@ trained, a bound on how close any such run can come.
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
     python bench/overhead.py --width 256         # a wider gpt2: longer trials, the same fixed costs
+    python bench/overhead.py --seeds 1 3 --repeats 3   # each pair of runs three times: medians, spread
+
+On a shared or virtual machine one run of either can be 10-25% off its neighbour's (the plain loop alone
+took 26-31 s for the same work in three runs back to back on a 2-core VM). With `--repeats N`, rayb and
+the plain loop run one after the other N times for each seed count; the table shows the median walls (the
+timeline is that of the median rayb run) and the median of the pairs' ratios, each pair's ratio below.
 
 Targets (issue 35): 1 seed ≤ 1.5×, 3 seeds ≤ 1.3×, 10 seeds ≤ 1.15× the plain loop; one more trial
 costs ≤ 1.1× the plain loop's time for it; a study's fixed cost ≤ 15 s (both from the two largest seed
@@ -166,10 +172,13 @@ def _trial_s(trial: dict) -> float:
     return trial["wall_s"] + sum(timings.get(p, 0.0) for p in PARTS if p != "worker_start_s")
 
 
-def report(runs: dict[int, dict], plain: dict[int, float]) -> None:
-    """The timeline of each seed count beside the plain loop's wall, then the cost of one more trial and
-    the study's fixed cost (a line through the two largest seed counts)."""
-    seeds = sorted(runs)
+def report(repeats: dict[int, list[tuple[dict, float]]]) -> None:
+    """The timeline of each seed count beside the plain loop's wall (each the median over the repeated
+    pairs of runs; the ratio is the median pair's), then the cost of one more trial and the study's fixed
+    cost (a line through the two largest seed counts)."""
+    seeds = sorted(repeats)
+    runs = {n: _median([p[0] for p in repeats[n]], key=lambda run: run["wall_s"]) for n in seeds}
+    plain = {n: _median([p[1] for p in repeats[n]]) for n in seeds}
     paths = {n: timeline(runs[n]) for n in seeds}
     width = 32
 
@@ -182,7 +191,12 @@ def report(runs: dict[int, dict], plain: dict[int, float]) -> None:
         row("  " + part, [f"{paths[n][part]:.1f}" for n in seeds])
     row("rayb, whole process", [f"{runs[n]['wall_s']:.1f}" for n in seeds])
     row("plain loop, whole process", [f"{plain[n]:.1f}" for n in seeds])
-    row("rayb / plain loop", [f"{runs[n]['wall_s'] / plain[n]:.2f}×" for n in seeds])
+    ratios = {n: [run["wall_s"] / wall for run, wall in repeats[n]] for n in seeds}
+    row("rayb / plain loop", [f"{_median(ratios[n]):.2f}×" for n in seeds])
+    if any(len(pairs) > 1 for pairs in repeats.values()):
+        print("  each pair of runs (the median above):")
+        for n in seeds:
+            print(f"    {n} seed{'s' * (n > 1)}: " + ", ".join(f"{ratio:.2f}×" for ratio in ratios[n]))
     row("target", [f"≤ {TARGETS.get(n, 1.15):.2f}×" for n in seeds])
     row("worker groups at once", [str(runs[n]["groups"]) for n in seeds])
     if len(seeds) >= 2:
@@ -195,6 +209,11 @@ def report(runs: dict[int, dict], plain: dict[int, float]) -> None:
         print(f"a study's fixed cost: {fixed:.1f} s (target ≤ 15 s)")
 
 
+def _median(items: list, key=None):
+    """The middle item (the lower of the two middle ones for an even count): a real run, not a mean."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 TARGETS = {1: 1.5, 3: 1.3}  # rayb / plain loop by seed count; 1.15× from 10 seeds on
 
 
@@ -204,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 3, 10], help="seed counts to time")
     parser.add_argument("--smoke", action="store_true", help="also time the whole smoke study from nothing")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="run rayb and the plain loop this many times each, in turn"
+    )
     parser.add_argument(
         "--width",
         type=int,
@@ -231,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the stack's floor (Ray's start, one Tune trial, one Train worker importing DeepSpeed, nothing "
           f"trained): {floor:.1f} s; of which Train's worker group {floor - tune_only:.1f} s (the same Tune "
           f"trial importing DeepSpeed itself: {tune_only:.1f} s)")  # fmt: skip
-    runs, plain = {}, {}
+    repeats: dict[int, list[tuple[dict, float]]] = {}
     for n, study in studies.items():
-        runs[n] = rayb_run(study, work / f"seeds{n}", work / "prep" / "cache")
-        plain[n] = plain_loop(runs[n]["study_dir"], threads)
-    report(runs, plain)
+        for i in range(args.repeats):
+            run = rayb_run(study, work / f"seeds{n}-{i}", work / "prep" / "cache")
+            repeats.setdefault(n, []).append((run, plain_loop(run["study_dir"], threads)))
+    report(repeats)
 
     if args.smoke:
         wall, _ = _timed(
