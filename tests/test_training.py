@@ -77,7 +77,7 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
     import cloudpickle
 
     _, trial = _trial(tiny_cache, tmp_path, 0, 2)
-    trainer = pack_trainer(TrialPack((trial,)))
+    trainer = pack_trainer(TrialPack((trial,)), queue="a-pools-queue")  # its callbacks: PoolCleaner too
     sent = cloudpickle.dumps(
         (trainer._create_default_callbacks(), trainer._get_train_func())
     )  # Ray's own hand-off
@@ -86,12 +86,14 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
     assert done.stdout.decode().strip() == "[]", done.stderr.decode()[-2000:]
 
 
-def test_worker_groups_start_no_ray_data_machinery(runs):
-    """rayb passes Ray Train no datasets: its runs start no DatasetManager actor (trainer.PackTrainer)."""
+def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
+    """rayb passes Ray Train no datasets: its runs start no DatasetManager actor; nor does any run start
+    Ray Train's placement-group cleaner actor, which without a dashboard cannot work (trainer.PackTrainer)."""
     from ray._private.state import actors
 
     started = {actor["ActorClassName"] for actor in actors().values()}
-    assert "TrainController" in started and "DatasetManager" not in started, sorted(started)
+    assert "TrainController" in started, sorted(started)
+    assert not started & {"DatasetManager", "PlacementGroupCleaner"}, sorted(started)
 
 
 def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(runs):

@@ -72,20 +72,20 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
 class PackTrainer(DataParallelTrainer):
     """A TorchTrainer's run (torch's process group, from train/backend.py), with less to start: each run of
     Ray Train also starts a DatasetManager actor, a process of its own, and sends every worker Ray Data's
-    context, datasets or none. rayb passes none (each worker reads its trials' token cache itself). A run
-    of the pool (`queue`: its TrialQueue actor's name) has the queue clean up after it (PoolCleaner), not
-    an actor of its own."""
+    context, datasets or none. rayb passes none (each worker reads its trials' token cache itself). Nor does
+    a run start Ray Train's placement-group cleaner, a detached actor per run that asks the dashboard's
+    State API about its controller every second (rayb starts no local dashboard; without one the cleaner
+    only logs that it cannot ask). A run of the pool (`queue`: its TrialQueue actor's name) has the queue
+    clean up after it (PoolCleaner); a run outside the pool (a test's single pack) has no cleaner."""
 
     def __init__(self, *args, queue: str | None = None, **kwargs):
         self.queue = queue
         super().__init__(*args, **kwargs)
 
     def _create_default_callbacks(self):
-        callbacks = [c for c in super()._create_default_callbacks() if not isinstance(c, DatasetsCallback)]
-        if self.queue is None:
-            return callbacks
-        kept = [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
-        return kept + [PoolCleaner(self.queue)]
+        dropped = (DatasetsCallback, PlacementGroupCleanerCallback)
+        callbacks = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
+        return callbacks + ([PoolCleaner(self.queue)] if self.queue else [])
 
 
 def pack_trainer(
