@@ -77,6 +77,14 @@ def train_worker_processes() -> list:
     ]
 
 
+def session_actors(class_name: str | None = None) -> list[dict]:
+    """The actors of the connected Ray session (of `class_name`, if given), dead ones included, as the GCS
+    has them: ActorID, ActorClassName, State, Pid... (no dashboard needed)."""
+    from ray._private.state import actors
+
+    return [a for a in actors().values() if class_name in (None, a["ActorClassName"])]
+
+
 def loop_with_steps_held(after: int, seconds: float):
     """rayb's training loop with each step after `after` held back `seconds`, so that a test's kill after
     that step's checkpoint lands before training ends on any machine (holding a step changes none of its

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import session_actors
 
 from rayb.eval.actors import EvalPool, evaluate, evaluation_jobs, read_result
 from rayb.eval.corpora import load_corpus
@@ -61,14 +62,8 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
 
 
 def _alive_eval_actors() -> dict[str, int]:
-    """This session's eval actors not dead, {actor id: pid}, as the GCS has them."""
-    from ray._private.state import actors
-
-    return {
-        a["ActorID"]: a["Pid"]
-        for a in actors().values()
-        if a["ActorClassName"] == "_EvalActor" and a["State"] != "DEAD"
-    }
+    """This session's eval actors not dead: {actor id: pid}."""
+    return {a["ActorID"]: a["Pid"] for a in session_actors("_EvalActor") if a["State"] != "DEAD"}
 
 
 def test_an_actor_on_a_spare_cpu_starts_before_any_job_and_waits_for_the_next(

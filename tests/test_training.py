@@ -17,6 +17,7 @@ from conftest import (
     loop_with_steps_held,
     registered_checkpoint_trial,
     restart_points,
+    session_actors,
     tiny_study_dict,
     train_worker_processes,
 )
@@ -89,9 +90,7 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
 def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     """rayb passes Ray Train no datasets: its runs start no DatasetManager actor; nor does any run start
     Ray Train's placement-group cleaner actor, which without a dashboard cannot work (trainer.PackTrainer)."""
-    from ray._private.state import actors
-
-    started = {actor["ActorClassName"] for actor in actors().values()}
+    started = {actor["ActorClassName"] for actor in session_actors()}
     assert "TrainController" in started, sorted(started)
     assert not started & {"DatasetManager", "PlacementGroupCleaner"}, sorted(started)
 
@@ -99,16 +98,10 @@ def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
 def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(runs):
     """trainer.start_train_services starts Ray Train's autoscaling coordinator before any run needs it: after
     the runs above, the cluster has that one coordinator, not a second one of Ray Train's own."""
-    from ray._private.state import actors
-
     from rayb.train.trainer import start_train_services
 
     start_train_services()
-    coordinators = [
-        a
-        for a in actors().values()
-        if a["ActorClassName"] == "_AutoscalingCoordinatorActor" and a["State"] == "ALIVE"
-    ]
+    coordinators = [a for a in session_actors("_AutoscalingCoordinatorActor") if a["State"] == "ALIVE"]
     assert len(coordinators) == 1
 
 
