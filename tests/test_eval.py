@@ -199,6 +199,41 @@ def test_peak_memory_sees_a_cpu_allocation():
     assert memory.peak > 120e6
 
 
+def op_events_peak(profiler: torch.profiler.profile) -> int:
+    """The reference: torch.profiler's own op events (each op's allocations net of its frees, and
+    "[memory]" events for those outside any op), their running total in time order."""
+    total = peak = 0
+    for event in sorted(profiler.events(), key=lambda e: e.time_range.start):
+        total += event.self_cpu_memory_usage
+        peak = max(peak, total)
+    return peak
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mamba", "gated_deltanet"])
+@torch.no_grad()
+def test_the_allocation_peak_is_at_least_torch_profilers_op_level_peak(tiny_cache, arch):
+    model = tiny(arch, tiny_cache)
+    decoder = Decoder(model)
+    ids = torch.randint(0, tiny_cache.manifest["vocab_size"], (2, tiny_cache.seq_len))
+
+    def generate():
+        logits = decoder.prefill(ids[:, :4])
+        for _ in range(8):
+            logits = decoder.step(logits.argmax(-1))
+
+    for run in (lambda: model(ids), generate):
+        with PeakMemory(torch.device("cpu")) as memory:
+            run()
+        assert memory.peak >= op_events_peak(memory.profiler) > 0
+
+
+def test_the_allocation_peak_sees_a_buffer_an_op_frees_before_it_ends():
+    with PeakMemory(torch.device("cpu")) as memory, torch.profiler.record_function("an op"):
+        buffer = torch.ones(10_000_000)  # 40 MB, freed within the op
+        del buffer
+    assert op_events_peak(memory.profiler) < 1e6 < 40e6 <= memory.peak
+
+
 @torch.no_grad()
 def greedy(model, prompt: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation through the Decoder: (tokens [batch, new], logits [batch, new, vocab])."""

@@ -16,6 +16,7 @@ skipped and the output says so.
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 import threading
 import time
@@ -58,6 +59,20 @@ def _rss_bytes() -> int:
     return _this_process().memory_info().rss
 
 
+MEMORY_RECORD = "[memory]"  # torch.profiler's record of one allocation (nbytes > 0) or free (nbytes < 0)
+
+
+def allocation_peak(profiler: torch.profiler.profile) -> int:
+    """The highest running total, in time order, of the bytes PyTorch allocated less those it freed while
+    `profiler` recorded, from its raw records. Version 1 of `speed` summed `profiler.events()`, each op's
+    allocations net of its frees: the same peak for the models' forward and decoding (tests/test_eval.py
+    compares them), blind to a buffer an op frees before it ends, and 30-40x a short generation's own
+    time to build, an event object per op."""
+    records = [e for e in profiler.profiler.kineto_results.events() if e.name() == MEMORY_RECORD]
+    records.sort(key=lambda e: e.start_ns())  # stable: records made at the same time keep their order
+    return max(itertools.accumulate((e.nbytes() for e in records), initial=0))
+
+
 class PeakMemory:
     """Peak memory of the tensors allocated while the block runs, above what was allocated before it:
     the CUDA allocator's peak on GPU; on CPU, the running total of PyTorch's allocations and frees as
@@ -90,17 +105,13 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.sampling = False  # the block has ended: what the profiler does next is not the model's memory
+        self.sampler.join()
+        if self.device.type == "cuda":
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
             self.profiler.__exit__(*exc)
-            # Each op event carries the bytes it allocated net of what it freed; "[memory]" events are
-            # frees (and allocations) outside any op. In time order their running sum is the total.
-            total = 0
-            for event in sorted(self.profiler.events(), key=lambda e: e.time_range.start):
-                total += event.self_cpu_memory_usage
-                self.peak = max(self.peak, total)
-        self.sampling = False
-        self.sampler.join()
+            self.peak = allocation_peak(self.profiler)
 
 
 def measure(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, int, int]:
@@ -183,7 +194,7 @@ def run_speed(ctx: EvalContext, _: str | None, options: SpeedOptions) -> dict[st
 
 register_benchmark(
     Benchmark(
-        "speed", 1, run_speed, SpeedOptions,
+        "speed", 2, run_speed, SpeedOptions,
         "prefill time, generation tokens/s, peak memory, and their growth with context length",
         exclusive_device=True,  # timings and peak memory are the model's alone, not a shared GPU's
         decodes=True,
