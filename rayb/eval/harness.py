@@ -234,10 +234,18 @@ class LMEvalOptions:
         return min(self.rayb_task_docs, self.limit or self.rayb_task_docs)
 
 
+def _no_environment_report(results: dict[str, Any]) -> None:
+    """Stands in for lm-eval's `add_env_info`, which ends every `simple_evaluate` by adding torch's
+    environment report to its results: `pip list`, `nvidia-smi` and more as subprocesses, 2-2.5 s per
+    evaluation on a 2-core laptop, more than a small model's task takes. rayb keeps none of lm-eval's
+    results beyond its scores and task versions: a study's provenance records its packages and cluster."""
+
+
 def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str, Any]:
-    from lm_eval import simple_evaluate
+    from lm_eval import evaluator, simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    evaluator.add_env_info = _no_environment_report
     max_length = min(ctx.seq_len, context_limit(ctx.model) or ctx.seq_len)
     lm = RaybLM(ctx.model, ctx.tokenizer, max_length, options.batch_size)
     with tempfile.TemporaryDirectory(prefix="rayb-lm-eval-") as include:
