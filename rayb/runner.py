@@ -193,6 +193,7 @@ def run_study(
     a study that cannot run or be judged; whatever finished stays on disk."""
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
+    from rayb.models import selfcheck
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
     from rayb.train.trainer import start_train_services
@@ -208,8 +209,13 @@ def run_study(
     study_local.mkdir(parents=True, exist_ok=True)
     with study_lock(study_dir):  # a second run of this study refuses, naming this one
         stages = Stages()
+        imports = (
+            selfcheck.import_in_background() if study.trained_models and not study.train.use_gpu else None
+        )
         if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
             log(f"Ray's dashboard: http://{url}")
+        if imports:
+            imports.join()
         if not ray_logs:
             log(
                 f"Ray's own logs: {study_local / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"

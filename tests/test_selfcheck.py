@@ -3,6 +3,9 @@ a stale state and a broken fast path, and stop a study before anything trains.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import yaml
@@ -153,3 +156,14 @@ def test_an_overridden_failure_runs_and_the_report_marks_its_scores(ray_session,
     report = outcome.files["report"].read_text()
     assert "mine †" in report and "decoding self-check failed" in report
     assert torch.isfinite(torch.tensor(outcome.table["speed.gen_tokens_per_s"].to_numpy())).all()
+
+
+def test_what_the_checks_build_models_with_imports_in_a_background_thread():
+    """The driver imports it while Ray starts (runner.run_study): a fresh interpreter has it once the
+    thread ends."""
+    code = (
+        "import sys; from rayb.models.selfcheck import import_in_background; "
+        "assert 'transformers.modeling_utils' not in sys.modules; import_in_background().join(); "
+        "assert 'transformers.modeling_utils' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
