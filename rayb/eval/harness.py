@@ -236,8 +236,8 @@ class LMEvalOptions:
 
 def _no_environment_report(results: dict[str, Any]) -> None:
     """Stands in for lm-eval's `add_env_info`, which ends every `simple_evaluate` by adding torch's
-    environment report to its results: `pip list`, `nvidia-smi` and more as subprocesses, 2-2.5 s per
-    evaluation on a 2-core laptop, more than a small model's task takes. rayb keeps none of lm-eval's
+    environment report to its results: `pip list`, `nvidia-smi` and more as subprocesses, 0.6-2.4 s per
+    evaluation on 2 cores, more than a small model's task takes. rayb keeps none of lm-eval's
     results beyond its scores and task versions: a study's provenance records its packages and cluster."""
 
 

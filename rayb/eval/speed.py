@@ -65,9 +65,9 @@ MEMORY_RECORD = "[memory]"  # torch.profiler's record of one allocation (nbytes 
 def allocation_peak(profiler: torch.profiler.profile) -> int:
     """The highest running total, in time order, of the bytes PyTorch allocated less those it freed while
     `profiler` recorded, from its raw records. Version 1 of `speed` summed `profiler.events()`, each op's
-    allocations net of its frees: the same peak for the models' forward and decoding (tests/test_eval.py
-    compares them), blind to a buffer an op frees before it ends, and 30-40x a short generation's own
-    time to build, an event object per op."""
+    allocations net of its frees: blind to a buffer an op frees before it ends (so never above this peak
+    for the models' forward and decoding, which tests/test_eval.py compares), and 30-40x a short
+    generation's own time to build, an event object per op."""
     records = [e for e in profiler.profiler.kineto_results.events() if e.name() == MEMORY_RECORD]
     records.sort(key=lambda e: e.start_ns())  # stable: records made at the same time keep their order
     return max(itertools.accumulate((e.nbytes() for e in records), initial=0))
