@@ -8,7 +8,7 @@ on its own, from nothing). For each, a timeline splits rayb's critical path: the
 and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its
 start, its imports, each trial's set-up, training steps, checkpoints and validation, saving, and what
 Ray Tune and Train spent around them: starting the group's Tune actor, passing between trials, ending the
-group), the evaluation left after training, and the report. The stack's
+group), the evaluation left after training, the report, and the exit (Ray's shutdown). The stack's
 floor (FLOOR below) is timed too: what a run on Ray Tune, Ray Train and DeepSpeed costs with nothing
 trained, a bound on how close any such run can come.
 
@@ -121,11 +121,14 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
     """`rayb run` as a user runs it, on a copy of an already built token cache; its wall time and trials."""
     shutil.copytree(cache_from, out / "cache")
     wall, _ = _timed([sys.executable, "-m", "rayb.cli", "run", str(study), "--output", str(out)])
+    ended = time.time()
     (study_dir,) = (out / "studies").iterdir()
     trials = [json.loads(p.read_text()) for p in sorted((out / "trials").glob("*/train_result.json"))]
-    stages = json.loads((study_dir / "timings.json").read_text())
+    timings = study_dir / "timings.json"  # written as the report ends: what follows it is the exit
+    stages = json.loads(timings.read_text())
     groups = stages.pop("groups_at_once")
-    return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups}
+    return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups,
+            "exit_s": ended - timings.stat().st_mtime}  # fmt: skip
 
 
 def plain_loop(study_dir: Path, threads: int) -> float:
@@ -147,7 +150,7 @@ def timeline(run: dict) -> dict[str, float]:
 
     last = max(by_group.values(), key=lambda g: spent(g, "worker_start_s") + sum(_trial_s(t) for t in g))
     path = {
-        "process start, imports, exit": run["wall_s"] - sum(stages.values()),
+        "process start, imports": run["wall_s"] - sum(stages.values()) - run["exit_s"],
         "Ray start": stages["ray_start_s"],
         "data": stages["data_s"],
         "self-checks, planning": stages["self_checks_s"] + stages["planning_s"],
@@ -164,6 +167,7 @@ def timeline(run: dict) -> dict[str, float]:
     path["Tune and Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
     path["evaluation after training"] = stages["evaluation_after_training_s"]
     path["report"] = stages["report_s"]
+    path["exit (Ray's shutdown)"] = run["exit_s"]
     return path
 
 

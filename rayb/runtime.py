@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import math
@@ -57,7 +58,29 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
         include_dashboard=dashboard,
         **quiet,
     )
+    # Registered after Ray's own exit handler (registered as ray imports), so it runs first.
+    atexit.register(_shut_down_at_exit, quiet["log_to_driver"])
     return context.dashboard_url or None
+
+
+def _shut_down_at_exit(workers_print_here: bool) -> None:
+    """Shut the local instance down as Ray's exit handler would, less two waits: the exit of a 1-seed
+    `rayb run` took 0.4 s instead of 1.95 s on 2 cores. Ray's shutdown stops the processes one at a time,
+    each given a second to exit after SIGTERM, and the autoscaler monitor takes all of it (0.7 s even with
+    the GCS up; else the whole second, then SIGKILL), though over a fixed local instance it has nothing to
+    finish: it is killed first. And at exit Ray sleeps 0.5 s so that its workers' last lines reach the
+    terminal: where they go to log files instead (`rayb run` without -v), rayb shuts Ray down itself,
+    without that sleep."""
+    import ray
+    from ray._private import ray_constants
+
+    node = ray._private.worker._global_node  # not public API: the processes this driver started
+    for info in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        if info.process.poll() is None:
+            info.process.kill()
+            info.process.wait()
+    if not workers_print_here:
+        ray.shutdown()
 
 
 def _quiet_driver(log_file: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,43 @@ def test_a_local_instance_runs_a_dashboard_only_when_asked(ray_session):
     done = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == ray.__version__
+
+
+@pytest.mark.parametrize("workers_print_here", [False, True], ids=["quiet", "verbose"])
+def test_a_local_instance_shuts_down_cleanly_when_its_driver_exits(ray_session, tmp_path, workers_print_here):
+    """rayb shuts its local instance down at exit itself (its autoscaler monitor killed first; without
+    Ray's wait for worker output where that goes to log files): the driver exits cleanly, with no error
+    from an exit handler, and every process of the instance, its actors' workers too, is gone."""
+    ray_logs = None if workers_print_here else f"pathlib.Path({str(tmp_path / 'ray.log')!r})"
+    driver = (
+        "import os, pathlib, ray; from rayb.runtime import init_ray\n"
+        f"init_ray(ray_logs={ray_logs})\n"
+        "node = ray._private.worker._global_node\n"
+        "pids = [info.process.pid for infos in node.all_processes.values() for info in infos]\n"
+        "actor = ray.remote(num_cpus=0)(type('Pid', (), {'pid': lambda self: os.getpid()})).remote()\n"
+        "print(*pids, ray.get(actor.pid.remote()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]  # an exit handler's error is only printed
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) >= 4  # the GCS, the raylet, the monitor, ..., and the actor's worker
+    # The raylet's workers and agents end as it does; a moment for the last of them to be reaped.
+    deadline = time.monotonic() + 30
+    while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; its parent (init, once the driver is gone) reaps it
 
 
 def test_a_local_instance_is_a_fixed_cluster(ray_session):
