@@ -69,10 +69,15 @@ def test_a_local_instance_runs_a_dashboard_only_when_asked(ray_session):
         "import json, urllib.request; from rayb.runtime import init_ray; url = init_ray(dashboard=True); "
         "print(json.loads(urllib.request.urlopen(f'http://{url}/api/version', timeout=60).read())['ray_version'])"
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-c", asked], capture_output=True, text=True, env=env, timeout=300)
+    done = own_local_ray(asked)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == ray.__version__
+
+
+def own_local_ray(code: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh driver, which starts a local Ray of its own (not the suite's)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("workers_print_here", [False, True], ids=["quiet", "verbose"])
@@ -89,10 +94,7 @@ def test_a_local_instance_shuts_down_cleanly_when_its_driver_exits(ray_session, 
         "actor = ray.remote(num_cpus=0)(type('Pid', (), {'pid': lambda self: os.getpid()})).remote()\n"
         "print(*pids, ray.get(actor.pid.remote()))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run(
-        [sys.executable, "-c", driver], capture_output=True, text=True, env=env, timeout=300
-    )
+    done = own_local_ray(driver)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # an exit handler's error is only printed
     pids = [int(pid) for pid in done.stdout.split()]
