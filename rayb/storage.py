@@ -21,8 +21,10 @@ import functools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from rayb.files import write_atomic
@@ -152,13 +154,41 @@ def _download(fs, info, target: Path) -> None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
-    try:
-        with fs.open_input_stream(info.path) as source, tmp.open("wb") as sink:
+
+    def copy(source) -> int:
+        with tmp.open("wb") as sink:
             shutil.copyfileobj(source, sink, 8 << 20)
+            return sink.tell()
+
+    try:
+        _read_whole(fs, info.path, copy)
         os.utime(tmp, (_seconds(info), _seconds(info)))  # the store's time: the next fetch sees it unchanged
         os.replace(tmp, target)  # readers on this node never see half a file
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_READ_ATTEMPTS = 10
+
+
+def _read_whole(fs, path: str, copy: Callable[[Any], int]) -> None:
+    """Read one version of a store's object whole: `copy(stream)` takes its bytes and says how many.
+
+    A store's reader asks for the object's size, then for that many bytes; an object replaced between the
+    two comes back as the new version cut to the old one's size, or short of it, with no error (on S3: a
+    JSON file cut mid-value, a metrics log missing its last lines). So a read counts only if it gave the
+    size the reader asked for and the object still has that size after it; else it reads again. Not
+    seen: a version replaced twice during the read, the second time by one of the first's size, nor
+    one replaced by another of its size between the 8 MiB parts of a large file (rayb rewrites only
+    small files; checkpoints and token shards are written once)."""
+    for attempt in range(_READ_ATTEMPTS):
+        with fs.open_input_file(path) as source:
+            size = source.size()
+            n = copy(source)
+        if n == size == fs.get_file_info(path).size:
+            return
+        time.sleep(0.01 * 2**attempt)  # a writer mid-burst: let it finish
+    raise OSError(f"{path} changed on the store during each of {_READ_ATTEMPTS} reads of it")
 
 
 def _seconds(info) -> int:
@@ -205,11 +235,18 @@ def read_bytes(location: str | Path) -> bytes | None:
     if not is_remote(location):
         return Path(location).read_bytes() if Path(location).is_file() else None
     fs, path = filesystem(str(location))
+    data = b""
+
+    def copy(source) -> int:
+        nonlocal data
+        data = source.read()
+        return len(data)
+
     try:
-        with fs.open_input_stream(path) as f:
-            return f.read()
+        _read_whole(fs, path, copy)
     except FileNotFoundError:
         return None
+    return data
 
 
 def write_bytes(location: str | Path, data: bytes) -> None:

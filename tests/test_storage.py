@@ -4,6 +4,7 @@ paths: what a study writes lands on the store, what a node reads comes through i
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -71,6 +72,34 @@ def test_a_kept_tree_pushed_again_uploads_only_what_changed(s3_bucket):
     storage.push(location, keep=True)
     assert storage.read_bytes(storage.join(location, "log.txt")) == b"one two"
     assert not storage.exists(storage.join(location, "events"))  # unchanged: not uploaded again
+
+
+def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
+    """A growing file on the store (a metrics log, Ray Train's checkpoint snapshot) is rewritten as a
+    whole while others read it. A reader that takes the object's size, then that many bytes, got a newer
+    version cut short: 22 of 200 reads here before the fix, and once in CI a JSON snapshot cut mid-value.
+    Each version is JSON whose padding its count checks, so any cut or mix of two versions shows."""
+    location = f"s3://{s3_bucket}/growing.json"
+    storage.write_bytes(location, json.dumps({"n": 0, "pad": ""}).encode())
+    stop = threading.Event()
+
+    def rewrite():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            storage.write_bytes(location, json.dumps({"n": n, "pad": "x" * n}).encode())
+            stop.wait(0.005)  # a writer far busier than any of rayb's, yet one that pauses
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        versions = [json.loads(storage.read_bytes(location)) for _ in range(150)]
+        versions += [json.loads(storage.fetch(location).read_bytes()) for _ in range(50)]
+    finally:
+        stop.set()
+        writer.join()
+    assert all(len(v["pad"]) == v["n"] for v in versions)
+    assert versions[-1]["n"] > versions[0]["n"]  # the writer really ran beside the reads
 
 
 def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(
