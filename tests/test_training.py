@@ -87,6 +87,34 @@ def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cac
     assert done.stdout.decode().strip() == "[]", done.stderr.decode()[-2000:]
 
 
+def test_a_deepspeed_engine_is_built_without_importing_muon_or_torchs_compiler():
+    """ZeRO's optimizer check imports DeepSpeed's Muon, which compiles its kernels at import: 0.7 s of each
+    worker's first trial. rayb's set-up hides it for that call (train/loop.py); ZeRO still takes the
+    optimizer, and Muon imports again after."""
+    import subprocess
+    import sys
+
+    from conftest import free_ports
+
+    (port,) = free_ports(1)
+    probe = f"""
+import os, sys
+os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0",
+                  WORLD_SIZE="1")
+import deepspeed, torch
+from rayb.train.loop import DEEPSPEED_MUON, _hidden
+model = torch.nn.Linear(4, 4)
+with _hidden(DEEPSPEED_MUON):
+    deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                         config={{"train_batch_size": 1, "zero_optimization": {{"stage": 1}}}})
+print(sorted(m for m in (DEEPSPEED_MUON, "torch._inductor.compile_fx") if m in sys.modules))
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     """rayb passes Ray Train no datasets: its runs start no DatasetManager actor; nor does any run start
     Ray Train's placement-group cleaner actor, which without a dashboard cannot work (trainer.PackTrainer)."""

@@ -48,6 +48,8 @@ from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
+# DeepSpeed's Muon optimizer, whose import ZeRO's optimizer check attempts (see _set_up).
+DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 METRICS = "metrics.jsonl"
 LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
 
@@ -167,16 +169,23 @@ def _start_worker(pack: TrialPack) -> None:
         cap_gpu_memory(pack.train.gpus_per_worker)  # trials sharing a GPU cannot run each other out of memory
     torch.set_num_threads(pack.threads)
     # DeepSpeed's import is most of a worker's start-up (timed as such). Its autotuner, which rayb never
-    # runs, imports mlflow where it is installed: 0.7 s of each start. Hidden for that import, mlflow
-    # stays importable after it.
-    hidden = "mlflow" not in sys.modules
-    if hidden:
-        sys.modules["mlflow"] = None  # type: ignore[assignment]  (`import mlflow` raises ImportError)
-    try:
+    # runs, imports mlflow where it is installed: 0.7 s of each start.
+    with _hidden("mlflow"):
         import deepspeed  # noqa: F401
+
+
+@contextmanager
+def _hidden(module: str) -> Iterator[None]:
+    """`import module` raises ImportError within (where it is not imported already); after, it imports as
+    ever. For imports DeepSpeed makes, and tolerates failing, for what rayb never uses."""
+    hide = module not in sys.modules
+    if hide:
+        sys.modules[module] = None  # type: ignore[assignment]
+    try:
+        yield
     finally:
-        if hidden:
-            del sys.modules["mlflow"]
+        if hide:
+            del sys.modules[module]
 
 
 def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:
@@ -194,9 +203,12 @@ def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) ->
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_multiplier(s, trial.steps, t.warmup_steps, t.schedule, t.min_lr_ratio)
     )
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(t)
-    )
+    # ZeRO's check of the optimizer imports DeepSpeed's Muon, whose kernels torch.compile at import
+    # (torch's inductor): 0.7 s of each worker's first trial on 2 cores. rayb's optimizers are never Muon.
+    with _hidden(DEEPSPEED_MUON):
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(t)
+        )
     if t.compile:
         engine.compile()  # compiles engine.module in place
     start = _resume(engine, trial, comm)
