@@ -18,13 +18,14 @@ fsspec find them (for S3: AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, an instance profi
 from __future__ import annotations
 
 import functools
+import io
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 from rayb.files import write_atomic
@@ -154,14 +155,9 @@ def _download(fs, info, target: Path) -> None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
-
-    def copy(source) -> int:
-        with tmp.open("wb") as sink:
-            shutil.copyfileobj(source, sink, 8 << 20)
-            return sink.tell()
-
     try:
-        _read_whole(fs, info.path, copy)
+        with tmp.open("wb") as sink:
+            _read_whole(fs, info.path, sink)
         os.utime(tmp, (_seconds(info), _seconds(info)))  # the store's time: the next fetch sees it unchanged
         os.replace(tmp, target)  # readers on this node never see half a file
     finally:
@@ -171,8 +167,8 @@ def _download(fs, info, target: Path) -> None:
 _READ_ATTEMPTS = 10
 
 
-def _read_whole(fs, path: str, copy: Callable[[Any], int]) -> None:
-    """Read one version of a store's object whole: `copy(stream)` takes its bytes and says how many.
+def _read_whole(fs, path: str, sink: BinaryIO) -> None:
+    """Copy one version of a store's object, whole, into `sink` (emptied before each attempt).
 
     A store's reader asks for the object's size, then for that many bytes; an object replaced between the
     two comes back as the new version cut to the old one's size, or short of it, with no error (on S3: a
@@ -182,10 +178,12 @@ def _read_whole(fs, path: str, copy: Callable[[Any], int]) -> None:
     one replaced by another of its size between the 8 MiB parts of a large file (rayb rewrites only
     small files; checkpoints and token shards are written once)."""
     for attempt in range(_READ_ATTEMPTS):
+        sink.seek(0)
+        sink.truncate()
         with fs.open_input_file(path) as source:
             size = source.size()
-            n = copy(source)
-        if n == size == fs.get_file_info(path).size:
+            shutil.copyfileobj(source, sink, 8 << 20)
+        if sink.tell() == size == fs.get_file_info(path).size:
             return
         time.sleep(0.01 * 2**attempt)  # a writer mid-burst: let it finish
     raise OSError(f"{path} changed on the store during each of {_READ_ATTEMPTS} reads of it")
@@ -235,18 +233,12 @@ def read_bytes(location: str | Path) -> bytes | None:
     if not is_remote(location):
         return Path(location).read_bytes() if Path(location).is_file() else None
     fs, path = filesystem(str(location))
-    data = b""
-
-    def copy(source) -> int:
-        nonlocal data
-        data = source.read()
-        return len(data)
-
+    buffer = io.BytesIO()
     try:
-        _read_whole(fs, path, copy)
+        _read_whole(fs, path, buffer)
     except FileNotFoundError:
         return None
-    return data
+    return buffer.getvalue()
 
 
 def write_bytes(location: str | Path, data: bytes) -> None:
