@@ -1,16 +1,15 @@
 """What orchestration costs: rayb against a plain single-process loop doing the same training, in one run.
 
-rayb trains through Ray Tune, Ray Train and DeepSpeed, then evaluates and reports. The plain loop is
+rayb trains through Ray Train and DeepSpeed, then evaluates and reports. The plain loop is
 rayb's reverse test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule,
 scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
 only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (data preparation is timed
 on its own, from nothing). For each, a timeline splits rayb's critical path: the process's own start
 and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its
 start, its imports, each trial's set-up, training steps, checkpoints and validation, saving, and what
-Ray Tune and Train spent around them: starting the group's Tune actor, passing between trials, ending the
-group), the evaluation left after training, the report, and the exit (Ray's shutdown). The stack's
-floor (FLOOR below) is timed too: what a run on Ray Tune, Ray Train and DeepSpeed costs with nothing
-trained, a bound on how close any such run can come.
+Ray Train spent around them: passing between trials, ending the group), the evaluation left after
+training, the report, and the exit (Ray's shutdown). The stack's floor (FLOOR below) is timed too: what
+a run on Ray Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come.
 
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
@@ -58,34 +57,29 @@ def one_time_builds() -> dict[str, float]:
     return {name: _timed([sys.executable, "-c", source])[0] for name, source in code.items()}
 
 
-# The stack's own floor: Ray's start, one Tune trial whose Ray Train trainer (with rayb's torch backend,
-# train/backend.py) starts one worker that imports DeepSpeed and returns, and Ray's shutdown. Nothing is
-# trained, evaluated or written: what any study run on Ray Tune + Ray Train + DeepSpeed pays before its
-# first step, whatever rayb does. With "tune" as its second argument, the Tune trial imports DeepSpeed
-# itself, with no Train worker group: the difference is what a worker group costs to start and stop.
+# The stack's own floor: Ray's start, one Ray Train run (with rayb's torch backend, train/backend.py) that
+# starts one worker, which imports DeepSpeed and returns, and Ray's shutdown. Nothing is trained, evaluated
+# or written: what any study run on Ray Train + DeepSpeed pays before its first step, whatever rayb does.
+# With "driver" as its second argument, the driver imports DeepSpeed itself and starts no worker group:
+# the difference is what a worker group costs to start and stop.
 FLOOR = """
 import sys
-from ray import tune
 from ray.train import RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from rayb.runtime import init_ray
 from rayb.train.backend import TorchGroup
 
-STORAGE, MODE = sys.argv[1:3]  # globals of __main__: pickled by value, so the remote trainable sees them
+STORAGE, MODE = sys.argv[1:3]  # globals of __main__: pickled by value, so the remote loop sees them
 
 def loop(config):
     import deepspeed
 
-def trainable(config):
-    if MODE == "tune":
-        return loop(config)
+init_ray()
+if MODE == "driver":
+    loop({})
+else:
     DataParallelTrainer(loop, backend_config=TorchGroup("gloo"), scaling_config=ScalingConfig(num_workers=1),
                         run_config=RunConfig(storage_path=STORAGE)).fit()
-
-init_ray()
-results = tune.Tuner(tune.with_resources(trainable, {"CPU": 0, "memory": 2**29}),
-                     run_config=tune.RunConfig(storage_path=STORAGE, verbose=0)).fit()
-sys.exit(f"the floor's trial failed: {results.errors}" if results.errors else 0)
 """
 
 
@@ -161,10 +155,9 @@ def timeline(run: dict) -> dict[str, float]:
         "checkpoints, validation": spent(last, "checkpoint_s") + spent(last, "validation_s"),
         "saving the model": spent(last, "save_model_s"),
     }
-    # The rest of the training stage: Tune starting the group's trial and its actor before the group is
-    # launched, Train passing from one trial to the next, and Train and Tune ending the group after its
+    # The rest of the training stage: Train passing from one trial to the next, and ending the group after its
     # last trial.
-    path["Tune and Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
+    path["Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
     path["evaluation after training"] = stages["evaluation_after_training_s"]
     path["report"] = stages["report_s"]
     path["exit (Ray's shutdown)"] = run["exit_s"]
@@ -253,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data preparation of the smoke corpus: {build_s:.1f} s building the cache, {prep_wall:.1f} s as a "
           "process with Ray's start (target ≤ 15 s)")  # fmt: skip
 
-    floor, tune_only = stack_floor(work, "train"), stack_floor(work, "tune")
-    print(f"the stack's floor (Ray's start, one Tune trial, one Train worker importing DeepSpeed, nothing "
-          f"trained): {floor:.1f} s; of which Train's worker group {floor - tune_only:.1f} s (the same Tune "
-          f"trial importing DeepSpeed itself: {tune_only:.1f} s)")  # fmt: skip
+    floor, driver_only = stack_floor(work, "train"), stack_floor(work, "driver")
+    print(f"the stack's floor (Ray's start, one Train run whose worker imports DeepSpeed, nothing trained): "
+          f"{floor:.1f} s; of which Train's worker group {floor - driver_only:.1f} s (the driver importing "
+          f"DeepSpeed itself: {driver_only:.1f} s)")  # fmt: skip
     repeats: dict[int, list[tuple[dict, float]]] = {}
     for n, study in studies.items():
         for i in range(args.repeats):

@@ -1,4 +1,4 @@
-"""A study, end to end: data → trials (Tune + Train + DeepSpeed) → eval actors → results → verdict.
+"""A study, end to end: data → trials (Ray Train + DeepSpeed) → eval actors → results → verdict.
 
 Every step reads and writes hash-keyed paths under the output directory (a local directory, or a URI on
 object storage: rayb/storage.py):
@@ -284,7 +284,7 @@ def run_study(
             at_once = min(at_once, len(pool))
             groups = max(groups, at_once)
             feed.pool, feed.slots = pool, at_once
-            errors.update(run_pool(pool, storage.join(out, "ray", "tune"), at_once, study_dir))
+            errors.update(run_pool(pool, at_once, study_dir))
 
         with (
             tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,

@@ -21,7 +21,7 @@ BOOTSTRAP_CONFIG = Path("~/ray_bootstrap_config.yaml")
 def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | None:
     """Connect to (or start) Ray. With `ray_logs`, Ray's own output goes to files instead of the terminal:
     the driver's log records to that file, the workers' output stays in the Ray session's log directory,
-    and Tune's and Ray Data's progress blocks are off (rayb prints its own progress). A local instance runs
+    and Ray Data's progress bars are off (rayb prints its own progress). A local instance runs
     Ray's dashboard only with `dashboard` (a cluster keeps its own); returns its address where it started."""
     import ray
 
@@ -48,8 +48,8 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
     context = ray.init(
-        # The machine's real cores: a trial holds only its workers' CPUs (its Tune actor and Train
-        # controller hold none), so nothing needs more slots than there are cores.
+        # The machine's real cores: a trial holds only its workers' CPUs (its Train controller holds
+        # none), so nothing needs more slots than there are cores.
         num_cpus=os.cpu_count() or 1,
         # The dashboard (on 127.0.0.1 only) only when asked: it is a head process and nine module
         # processes, which on 2 cores took 1.2-1.5 s of Ray's start and about 4.5 CPU-seconds of a study's

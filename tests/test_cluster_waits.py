@@ -48,7 +48,7 @@ def test_a_worker_group_waits_for_resources_longer_than_ray_trains_start_timeout
     release = threading.Timer(8 * 2, ray.kill, args=(holder,))
     release.start()
     began = time.monotonic()
-    errors = run_pool([pack], tmp_path / "tune", 1)
+    errors = run_pool([pack], 1)
     release.join()
     assert errors == {}
     assert pack.trials[0].done and time.monotonic() - began > 16
@@ -60,7 +60,7 @@ def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_ca
     pack = _pack(tiny_cache, tmp_path, CPUS + 1)
     study_dir = tmp_path / "study"
     study_dir.mkdir()
-    errors = run_pool([pack], tmp_path / "tune", 1, str(study_dir))
+    errors = run_pool([pack], 1, str(study_dir))
     (error,) = errors.values()
     assert f"the sweep stopped: a trial needs {CPUS + 1} CPU" in error and "no autoscaler" in error
     assert not pack.trials[0].done
@@ -69,3 +69,29 @@ def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_ca
     write_trials(study_dir, list(pack.trials))
     status = study_status(study_dir)
     assert status.cluster.startswith("stopped: a trial needs") and status.trials[0].state == "failed"
+
+
+def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_path):
+    """The pool runs each group's Ray Train run from a thread of the driver: a run whose controller dies
+    (killed here, as Ray's memory monitor may) is started again, and trains its trial to the end."""
+    import psutil
+
+    pack = _pack(tiny_cache, tmp_path, 1)
+    killed: list[int] = []
+
+    def kill_the_first_controller() -> None:
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            for process in psutil.process_iter(["cmdline"]):
+                if "ray::TrainController" in " ".join(process.info["cmdline"] or []):
+                    process.kill()
+                    killed.append(process.pid)
+                    break
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_first_controller)
+    killer.start()
+    errors = run_pool([pack], 1)
+    killer.join()
+    assert killed, "no controller was seen to kill"
+    assert errors == {} and pack.trials[0].done

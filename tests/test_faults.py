@@ -96,7 +96,7 @@ def test_a_diverged_and_a_failed_trial_are_recorded_and_the_study_goes_on(ray_se
         "excluded"
     ]
     assert [r["model"] for r in verdict["rows"]] == ["gpt2"]
-    # Ray Train retried the broken model's worker group and gave up; Tune did not start the pack again.
+    # Ray Train retried the broken model's worker group and gave up; the pool did not start it again.
     assert table.loc["broken", "status"] == "error"
     broken = next(t for t in study_status(study_dir).trials if t.model == "broken")
     assert broken.state == "failed" and broken.error.endswith("error.txt")

@@ -44,9 +44,8 @@ def _submit(
     return done, out
 
 
-# Every trial holds exactly its worker's CPU (its Tune actor and Train controller none), so two models
-# train side by side, with the evaluations queued behind them, instead of each trial's Tune actor
-# starving the workers.
+# Every trial holds exactly its worker's CPU (its Train controller none), so two models train side by
+# side, with the evaluations queued behind them.
 def test_submitted_study_succeeds_and_writes_its_report(head_node, tmp_path):
     bucket = tmp_path / "bucket"
     done, out = _submit(tiny_study_dict(seeds=[0]), tmp_path, head_node, bucket.as_uri())

@@ -197,8 +197,8 @@ def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, 
     added = cluster.add_node(num_cpus=1)
     _finished(job)
 
-    # The lost node's trial resumed (and so did any trial whose Tune actor or Train controller, which
-    # hold no CPU, happened to be there), each from its checkpoint on the store, not from the start.
+    # The lost node's trial resumed, from its checkpoint on the store, not from the start (each group's
+    # Train controller runs on the driver's node, the head, which stays).
     resumed = [steps for t in _trials(killed) if (steps := _resumed_at(t))]
     assert resumed and all(min(steps) >= 24 for steps in resumed)
     # The waiting trial's workers start again on a live node: the added one, or the head where the other

@@ -306,17 +306,17 @@ def test_the_pools_queue_hands_each_trial_to_one_group_and_a_restarted_group_its
 
 
 def test_what_the_pools_processes_import_leaves_out_the_drivers_modules():
-    """The queue's actor, each group's Tune actor and every Train worker import the pool's modules by name
-    before their group trains: neither the queue's module nor the Tune actor's may pull in torch, nor the
-    Tune actor's the training loop, the statistics (scipy) or the study model."""
+    """The queue's actor, each group's Train controller and every Train worker import the pool's modules by
+    name before their group trains: neither the queue's module nor the controller's may pull in torch, nor
+    the controller's the training loop, the statistics (scipy) or the study model."""
     import subprocess
     import sys
 
     probe = (
         "import sys, rayb.tune.group; queue = sorted(m for m in ('torch', 'scipy') if m in sys.modules); "
         "import rayb.train.trainer; "
-        "tune = sorted(m for m in ('torch', 'rayb.train.loop', 'scipy', 'rayb.study', 'transformers') if m in sys.modules); "
-        "print(queue, tune)"
+        "controller = sorted(m for m in ('torch', 'rayb.train.loop', 'scipy', 'rayb.study', 'transformers') if m in sys.modules); "
+        "print(queue, controller)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split("\n")[0] == "[] []", done.stdout

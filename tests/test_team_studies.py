@@ -1,5 +1,5 @@
 """The five teams' study files: every full-size file validates and plans; every `*-tiny.yaml` runs end to
-end through the real path (Ray Data → Tune → Ray Train + DeepSpeed → eval actors → report) and its
+end through the real path (Ray Data → Ray Train + DeepSpeed → eval actors → report) and its
 report carries what its full-size plan asks for. Together they train every architecture of the zoo."""
 
 from __future__ import annotations

@@ -67,11 +67,10 @@ def runs(tiny_cache, tmp_path_factory):
     return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
 
 
-def test_neither_the_tune_actor_nor_ray_trains_controller_imports_torch(tiny_cache, tmp_path):
-    """A worker group's Tune actor builds its trainer, and Ray Train's controller unpickles what the trainer
-    hands it (its callbacks, the backend among them). Neither trains: none of it, nor the training function
-    until it runs on a worker, may import torch, each import of which delays every group's start
-    (train/backend.py)."""
+def test_ray_trains_controller_imports_no_torch(tiny_cache, tmp_path):
+    """Ray Train's controller unpickles what a worker group's trainer hands it (its callbacks, the backend
+    among them). It never trains: none of it, nor the training function until it runs on a worker, may
+    import torch, whose import delays every group's start (train/backend.py)."""
     import subprocess
     import sys
 
@@ -210,7 +209,7 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
     raw = tiny_study_dict(seeds=[1, 0])
     gpt2 = {t.seed: t for t in plan_trials(parse_study(raw), tiny_cache, tmp_path) if t.arch == "gpt2"}
     (pack,) = worker_pool([gpt2[1], gpt2[0]], slots=1, cores=1)  # one thread, as the reference trained
-    thread = threading.Thread(target=run_pool, args=([pack], tmp_path / "tune", 1))
+    thread = threading.Thread(target=run_pool, args=([pack], 1))
     thread.start()
     log = Path(gpt2[0].trial_dir) / METRICS
     deadline = time.time() + 300
@@ -246,8 +245,8 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
 def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, tiny_cache, tmp_path):
     """SIGKILL the Ray Train controller of a pool's worker group mid-trial. Its workers die with it, but its
     placement group belongs to the job and would hold their CPUs until the study ends: the pool's queue
-    removes it (trainer.PoolCleaner, in place of Ray Train's cleaner actor per run). Started again, as Tune
-    starts a lost group, the run resumes its trial to the uninterrupted result."""
+    removes it (trainer.PoolCleaner, in place of Ray Train's cleaner actor per run). Started again, as the
+    pool starts a lost group, the run resumes its trial to the uninterrupted result."""
     import psutil
     import ray
     from ray.util import placement_group_table

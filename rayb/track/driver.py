@@ -104,7 +104,7 @@ class Tracking:
 
     def start(self) -> None:
         # The trackers (and their libraries' imports) are made here, on the caller's thread: a library
-        # imported in a thread while the main thread imports Ray Tune's integrations can meet a
+        # imported in a thread while the main thread imports Ray's modules can meet a
         # half-imported module (seen with mlflow.tracking).
         self.trackers = [
             Guarded(name, getattr(self.study.tracking, name), self.study, self.study_dir, self.log)

@@ -18,7 +18,7 @@ from rayb.train.backend import TorchGroup
 from rayb.train.trial import TrialPack
 from rayb.tune.packs import worker_resources
 
-if TYPE_CHECKING:  # the Tune actor that runs pack_trainer imports none of these: its workers do
+if TYPE_CHECKING:  # Ray Train's controller, which unpickles this module, imports none of these
     from rayb.models.kernels import KernelPath
     from rayb.models.selfcheck import CheckResult, ModelToCheck
 
@@ -37,8 +37,8 @@ GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 class PoolCleaner(ControllerCallback, WorkerGroupCallback):
     """Ray Train's PlacementGroupCleanerCallback for a run of the pool, with the pool's queue as the cleaner
-    (tune/group.TrialQueue): the run registers its controller and each worker group's placement group there,
-    and lets go of them once it ends."""
+    (tune/group.TrialQueue): the run registers its controller (which the queue ends if the pool stops)
+    and each worker group's placement group there, and lets go of them once it ends."""
 
     def __init__(self, queue: str):
         self.queue = queue
@@ -47,7 +47,9 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
     def after_controller_start(self, train_run_context) -> None:
         import ray
 
-        self.controller = ray.get_runtime_context().get_actor_id()
+        context = ray.get_runtime_context()
+        self.controller = context.get_actor_id()
+        ray.get(ray.get_actor(self.queue).started.remote(self.controller, context.current_actor))
 
     def after_worker_group_start(self, worker_group) -> None:
         import ray
@@ -65,7 +67,7 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
         import ray
 
         if self.controller is not None:
-            ray.get(ray.get_actor(self.queue).unwatch.remote(self.controller))
+            ray.get(ray.get_actor(self.queue).ended.remote(self.controller))
             self.controller = None
 
 
@@ -146,8 +148,8 @@ def start_train_services() -> None:
 
 
 def train_on_worker(config: dict[str, Any]) -> None:
-    """rayb's training loop, imported on the worker that runs it: this module's processes (the Tune actor,
-    Ray Train's controller) import no torch."""
+    """rayb's training loop, imported on the worker that runs it: Ray Train's controller, which imports
+    this module, imports no torch."""
     from rayb.train.loop import train_loop_per_worker
 
     train_loop_per_worker(config)

@@ -34,7 +34,7 @@ class TrialSpec:
     init_from: dict[str, Any] | None = None  # a Checkpoint (models/pretrained.py) to start from
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values, as a trial crosses into Ray (Tune keeps its config as JSON)."""
+        """Plain JSON values, as a trial crosses into Ray (a Train run's config)."""
         return asdict(self) | {"train": self.train.model_dump(mode="json")}
 
     @classmethod

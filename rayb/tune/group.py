@@ -1,10 +1,9 @@
-"""What runs on the cluster for each worker group of the pool (see packs.py): its Tune trainable, and the
-queue its groups take their trials from.
+"""The queue the worker groups of the pool (see packs.py) take their trials from.
 
-Ray's processes import this module by name: each group's Tune actor to run `worker_group`, the queue's
-actor, and every Train worker that takes a trial from the queue. It imports only what they need, since
-each of those processes pays for its imports before its group trains (the driver's modules cost the
-queue's actor four seconds of the two cores a laptop study starts on).
+Ray's processes import this module by name: the queue's actor, and every Train worker that takes a trial
+from the queue. It imports only what they need, since each of those processes pays for its imports before
+its group trains (the driver's modules cost the queue's actor four seconds of the two cores a laptop
+study starts on).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from collections import deque
 
 logger = logging.getLogger(__name__)
@@ -20,11 +18,12 @@ logger = logging.getLogger(__name__)
 
 class TrialQueue:
     """The pool's trials still to train, a queue per group shape, and the trial each group holds: a group
-    restarted after a failure (Ray Train's restart of its workers, or Tune's of a group lost with its node)
-    is handed its trial again, to resume it. A Ray actor, named, on the driver's node.
+    restarted after a failure (Ray Train's restart of its workers, or the driver's of a run whose controller
+    died) is handed its trial again, to resume it. A Ray actor, named, on the driver's node.
 
-    It also removes the placement group of a group whose Ray Train controller died without ending its run
-    (lost with its Tune actor's node, or killed): such a placement group belongs to the job, not to the
+    It knows each running group's Ray Train controller, to end them all when the pool stops (a cluster
+    that can never fit a trial: sweep.ClusterWatch). It also removes the placement group of a group whose
+    controller died without ending its run (killed): such a placement group belongs to the job, not to the
     controller, and would hold its CPUs or GPUs from the restarted group until the study ends. Ray Train
     starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
     asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
@@ -36,18 +35,45 @@ class TrialQueue:
     def __init__(self, queues: dict[str, list[str]]):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
+        self.controllers: dict[str, object] = {}  # {controller actor id: its handle}, while its run lasts
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
+        self.stopping = False
         self._watcher: threading.Thread | None = None
 
+    def started(self, controller: str, handle) -> None:
+        """A run's controller has started: ended at once if the pool has stopped, else when it stops."""
+        self.controllers[controller] = handle
+        if self.stopping:
+            self._end(handle)
+
+    def stop(self) -> None:
+        """End every running group's run; a group that starts later is ended as it starts."""
+        self.stopping = True
+        for handle in self.controllers.values():
+            self._end(handle)
+
+    @staticmethod
+    def _end(controller) -> None:
+        # Killed, not aborted: a controller waiting for its worker group's resources blocks its event
+        # loop until Ray Train's start timeout, so its `abort` would wait as long. Its workers die with
+        # it, and the watch removes its worker group's placement group (as Ray Train's cleaner would).
+        import ray
+
+        ray.kill(controller)
+
+    def stopped(self) -> bool:
+        return self.stopping
+
     def watch(self, controller: str, placement_group) -> None:
-        """Remove `placement_group` if the controller dies before it `unwatch`es (a controller that starts
+        """Remove `placement_group` if the controller dies before it `ended` (a controller that starts
         another worker group registers that one's instead)."""
         self.watched[controller] = placement_group
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._remove_orphans, daemon=True)
             self._watcher.start()
 
-    def unwatch(self, controller: str) -> None:
+    def ended(self, controller: str) -> None:
+        self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
 
     def _remove_orphans(self) -> None:
@@ -61,7 +87,7 @@ class TrialQueue:
                     if actors(controller).get("State") == "DEAD":
                         if placement_group_table(group).get("state") not in (None, "REMOVED"):
                             remove_placement_group(group)
-                        self.watched.pop(controller, None)
+                        self.ended(controller)
                 except Exception:  # the GCS unreachable for a moment: ask again next time
                     logger.warning("could not check controller %s", controller, exc_info=True)
 
@@ -78,27 +104,3 @@ class TrialQueue:
         with it (as a user's model that crashes would crash in each of its trials)."""
         waiting, self.waiting[shape] = list(self.waiting[shape]), deque()
         return self.held.pop(group, None), waiting
-
-
-def worker_group(config: dict) -> None:
-    """Run one worker group of the pool, as a Tune trial. Its only report to Tune is its last: every trial
-    writes its own results (see `rayb.train.trial`), and a Tune trial that ends having reported nothing
-    prints a line on the user's terminal. A failure Ray Train has already retried is final, so it ends the
-    Tune trial normally instead of raising, which Tune would retry, and reports the trials it leaves
-    untrained."""
-    import ray
-    from ray import tune
-    from ray.train import TrainingFailedError
-
-    from rayb.train.trainer import pack_trainer
-    from rayb.train.trial import TrialPack
-
-    pack = TrialPack.from_dict(config["pack"])
-    try:
-        pack_trainer(pack, one_node=config["one_node"], queue=config["queue"]).fit()
-    except TrainingFailedError as exc:
-        held, waiting = ray.get(ray.get_actor(config["queue"]).fail.remote(pack.queue, pack.run_name))
-        error = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        tune.report(error | {"held": held, "waiting": waiting})
-    else:
-        tune.report({"failed": False})  # not None: Tune prints a last result with no values shown

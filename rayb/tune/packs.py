@@ -74,8 +74,8 @@ class Capacity:
 
 
 def worker_resources(train: TrainSpec) -> dict[str, float]:
-    """What one Train worker holds: a CPU, and its GPU share. The Tune actor that drives a trial and Ray
-    Train's controller hold nothing (rayb asks them for no CPU), so a trial takes exactly its workers'."""
+    """What one Train worker holds: a CPU, and its GPU share. Ray Train's controller holds nothing, so a
+    trial takes exactly its workers'."""
     return {"CPU": 1.0} | ({"GPU": train.gpus_per_worker} if train.use_gpu else {})
 
 
