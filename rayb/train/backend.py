@@ -4,11 +4,10 @@ alone.
 Ray Train's `TorchConfig` and its backend live in a module that imports torch, and every process that
 holds them imports it too: Ray Train's controller, which unpickles its callbacks. It never trains, and the
 import (1-2 s of a laptop's 2 cores) lies on the path of every group's start, before its first worker
-exists. `TorchGroup` does what
-`TorchConfig(backend=...)` does for the gloo and nccl backends with the `env://` rendezvous (the only ones
-rayb uses), calling the same functions of `ray.train.torch.config`, imported inside the workers, which
-train with torch anyway. Those functions are private to Ray: the pinned Ray (rayb/constraints.txt) is the
-one they are called on, and every training test runs them.
+exists. `TorchGroup` does what `TorchConfig(backend=...)` does for the gloo and nccl backends with the
+`env://` rendezvous (the only ones rayb uses), calling the same functions of `ray.train.torch.config`,
+imported inside the workers, which train with torch anyway. Those functions are private to Ray: the
+pinned Ray (rayb/constraints.txt) is the one they are called on, and every training test runs them.
 """
 
 from __future__ import annotations
