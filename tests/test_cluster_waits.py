@@ -4,8 +4,10 @@ on the suite's real local Ray, with its real CPU count."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import tiny_study_dict
@@ -19,12 +21,11 @@ pytestmark = pytest.mark.ray
 CPUS = os.cpu_count() or 1
 
 
-def _pack(tiny_cache, out, num_workers: int) -> TrialPack:
-    raw = tiny_study_dict(seeds=[0])
+def _pack(tiny_cache, out, num_workers: int, seeds: tuple[int, ...] = (0,)) -> TrialPack:
+    raw = tiny_study_dict(seeds=list(seeds))
     raw["models"] = raw["models"][:1]
     raw["train"] |= {"num_workers": num_workers, "micro_batch": 1, "global_batch": 8 * num_workers}
-    (trial,) = plan_trials(parse_study(raw), tiny_cache, out)
-    return TrialPack((trial,))
+    return TrialPack(tuple(plan_trials(parse_study(raw), tiny_cache, out)))
 
 
 def test_a_worker_group_waits_for_resources_longer_than_ray_trains_start_timeout(
@@ -95,3 +96,36 @@ def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_p
     killer.join()
     assert killed, "no controller was seen to kill"
     assert errors == {} and pack.trials[0].done
+
+
+def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
+    """Ctrl-C while a group trains: the pool ends its group's run before the interrupt goes on, so no
+    controller or worker is left training, and its placement group no longer holds the CPUs."""
+    import psutil
+    from ray.util import placement_group_table
+
+    def held() -> set[str]:
+        return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    def left() -> list[str]:
+        names = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+        return [n for n in names if n.startswith(("ray::TrainController", "ray::RayTrainWorker"))]
+
+    pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
+    first, earlier = pack.trials[0].trial_dir, held()
+
+    def interrupt_once_it_trains() -> None:
+        deadline = time.monotonic() + 120
+        while not (Path(first) / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # as Ctrl-C reaches the driver
+
+    threading.Thread(target=interrupt_once_it_trains, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_pool([pack], 1)
+    assert not all(t.done for t in pack.trials)  # interrupted while the group trained
+    assert not held() - earlier
+    deadline = time.monotonic() + 10
+    while left():
+        assert time.monotonic() < deadline, left()
+        time.sleep(0.2)

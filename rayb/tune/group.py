@@ -44,22 +44,24 @@ class TrialQueue:
         """A run's controller has started: ended at once if the pool has stopped, else when it stops."""
         self.controllers[controller] = handle
         if self.stopping:
-            self._end(handle)
+            self._end(controller)
 
     def stop(self) -> None:
         """End every running group's run; a group that starts later is ended as it starts."""
         self.stopping = True
-        for handle in self.controllers.values():
-            self._end(handle)
+        for controller in list(self.controllers):
+            self._end(controller)
 
-    @staticmethod
-    def _end(controller) -> None:
-        # Killed, not aborted: a controller waiting for its worker group's resources blocks its event
-        # loop until Ray Train's start timeout, so its `abort` would wait as long. Its workers die with
-        # it, and the watch removes its worker group's placement group (as Ray Train's cleaner would).
+    def _end(self, controller: str) -> None:
+        """Kill the controller, not abort it: one waiting for its worker group's resources blocks its event
+        loop until Ray Train's start timeout, so its `abort` would wait as long. Its workers die with it;
+        its worker group's placement group is removed now, not by the watch, which ends with the pool."""
         import ray
+        from ray.util.placement_group import remove_placement_group
 
-        ray.kill(controller)
+        ray.kill(self.controllers.pop(controller))
+        if (group := self.watched.pop(controller, None)) is not None:
+            remove_placement_group(group)
 
     def stopped(self) -> bool:
         return self.stopping
