@@ -68,13 +68,20 @@ def registered_checkpoint_trial(run_dir: Path) -> str | None:
     return (run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip().rpartition("-step")[0]
 
 
-def train_worker_processes() -> list:
-    """The processes of Ray Train's workers on this machine (psutil.Process), for a test to kill."""
+def ray_processes(actor_class: str) -> list:
+    """The processes of a Ray actor class on this machine (psutil.Process), by the title Ray gives them:
+    `ray::<class>`, or `ray::<class>.<method>` while it runs that method (pass "<class>.<method>")."""
     import psutil
 
+    title = f"ray::{actor_class}"
     return [
-        p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])
+        p for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []).startswith(title)
     ]
+
+
+def train_worker_processes() -> list:
+    """The processes of Ray Train's workers on this machine (psutil.Process), for a test to kill."""
+    return ray_processes("RayTrainWorker")
 
 
 def session_actors(class_name: str | None = None) -> list[dict]:

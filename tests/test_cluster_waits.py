@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_study_dict
+from conftest import ray_processes, tiny_study_dict
 
 from rayb.runner import plan_trials
 from rayb.study import parse_study
@@ -75,19 +75,15 @@ def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_ca
 def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_path):
     """The pool runs each group's Ray Train run from a thread of the driver: a run whose controller dies
     (killed here, as Ray's memory monitor may) is started again, and trains its trial to the end."""
-    import psutil
-
     pack = _pack(tiny_cache, tmp_path, 1)
     killed: list[int] = []
 
     def kill_the_first_controller() -> None:
         deadline = time.monotonic() + 120
         while not killed and time.monotonic() < deadline:
-            for process in psutil.process_iter(["cmdline"]):
-                if "ray::TrainController" in " ".join(process.info["cmdline"] or []):
-                    process.kill()
-                    killed.append(process.pid)
-                    break
+            for process in ray_processes("TrainController")[:1]:
+                process.kill()
+                killed.append(process.pid)
             time.sleep(0.05)
 
     killer = threading.Thread(target=kill_the_first_controller)
@@ -101,15 +97,13 @@ def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_p
 def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
     """Ctrl-C while a group trains: the pool ends its group's run before the interrupt goes on, so no
     controller or worker is left training, and its placement group no longer holds the CPUs."""
-    import psutil
     from ray.util import placement_group_table
 
     def held() -> set[str]:
         return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
 
-    def left() -> list[str]:
-        names = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
-        return [n for n in names if n.startswith(("ray::TrainController", "ray::RayTrainWorker"))]
+    def left() -> list:
+        return ray_processes("TrainController") + ray_processes("RayTrainWorker")
 
     pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
     first, earlier = pack.trials[0].trial_dir, held()
@@ -120,9 +114,15 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
             time.sleep(0.02)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # as Ctrl-C reaches the driver
 
+    # Python's own Ctrl-C handler, as in `rayb run`: a test that called a trainer's fit() on this main
+    # thread left Ray Train's handler in place, which exits the process.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_it_trains, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_pool([pack], 1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_pool([pack], 1)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert not all(t.done for t in pack.trials)  # interrupted while the group trained
     assert not held() - earlier
     deadline = time.monotonic() + 10

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import (
     loop_with_steps_held,
+    ray_processes,
     registered_checkpoint_trial,
     restart_points,
     session_actors,
@@ -247,7 +248,6 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     placement group belongs to the job and would hold their CPUs until the study ends: the pool's queue
     removes it (trainer.PoolCleaner, in place of Ray Train's cleaner actor per run). Started again, as the
     pool starts a lost group, the run resumes its trial to the uninterrupted result."""
-    import psutil
     import ray
     from ray.util import placement_group_table
 
@@ -278,8 +278,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
         assert time.time() < deadline and thread.is_alive(), "no checkpoint registered in time"
         time.sleep(0.05)
     assert held() - earlier, "the run holds no placement group"
-    (controller,) = [p for p in psutil.process_iter(["cmdline"])
-                     if "TrainController.run" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    (controller,) = ray_processes("TrainController.run")  # the running one, not one that ended
     controller.send_signal(signal.SIGKILL)
     thread.join(timeout=120)
     assert died and not thread.is_alive()
