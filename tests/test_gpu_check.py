@@ -67,3 +67,20 @@ def test_its_shortest_study_has_the_data_it_asks_for(ray_session, tmp_path):
     study = gc.gpu_study(tmp_path, "gpu-check", gc.SMALL, 1, 4, 32, 17)
     cache = prepare_data(study.data, tmp_path / "out")
     assert cache.manifest["train_rows"] == 17 * 32 and cache.manifest["val_rows"] > 0
+    assert len(list((tmp_path / "data").glob("*.parquet"))) > 1  # Ray Data tokenizes files side by side
+
+
+def test_the_packing_studies_share_their_tokens_and_none_of_their_trials(tmp_path):
+    """The seed trained alone and the ten packed ones share one output: one token cache, tokenized once,
+    and no trial, though a GPU share stays out of a trial's key (so a shared seed would be found trained)."""
+    alone, packed = (
+        gc.gpu_study(tmp_path, name, gc.SMALL, seeds, 4, 32, 17, num_workers=1, **share)
+        for name, seeds, share in [("alone", gc.ALONE_SEEDS, {}), ("packed", 10, {"gpus_per_trial": 0.1})]
+    )
+    assert alone.data == packed.data
+
+    def keys(study, seeds):
+        return {study.trial_key(study.models[0], study.train.lr, seed, "data") for seed in seeds}
+
+    assert keys(alone, alone.seeds).isdisjoint(keys(packed, packed.seeds))
+    assert keys(alone, [0]) == keys(packed, [0])
