@@ -231,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temp dir)")
     args = parser.parse_args(argv)
+    if args.work and args.work.exists() and any(args.work.iterdir()):
+        # A finished run's cache and trials there would be reused, and the runs timed would train nothing.
+        parser.error(
+            f"--work {args.work} is not empty: give a new directory (each run is timed from nothing)"
+        )
     work = args.work or Path(tempfile.mkdtemp(prefix="rayb-overhead-"))
     work.mkdir(parents=True, exist_ok=True)
     threads = os.cpu_count() or 1
