@@ -156,8 +156,8 @@ def write_data(root: Path, tokens: int, shards: int = 16) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, unk_token=eos, pad_token=eos)
     wrapped.save_pretrained(root / "tokenizer")
-    ids = np.random.default_rng(0).integers(0, VOCAB - 1, (tokens // 1000 + 1, 1000)).tolist()
-    docs = [" ".join([words[i] for i in row]) for row in ids]
+    ids = np.random.default_rng(0).integers(0, VOCAB - 1, (tokens // 1000 + 1, 1000))
+    docs = [" ".join([words[i] for i in row.tolist()]) for row in ids]
     (root / "data").mkdir()
     for shard in range(shards):
         pq.write_table(pa.table({"text": docs[shard::shards]}), root / "data" / f"part-{shard:02d}.parquet")
