@@ -155,8 +155,8 @@ def timeline(run: dict) -> dict[str, float]:
         "checkpoints, validation": spent(last, "checkpoint_s") + spent(last, "validation_s"),
         "saving the model": spent(last, "save_model_s"),
     }
-    # The rest of the training stage: Train passing from one trial to the next, and ending the group after its
-    # last trial.
+    # The rest of the training stage: Train passing from one trial to the next, and ending the group after
+    # its last trial.
     path["Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
     path["evaluation after training"] = stages["evaluation_after_training_s"]
     path["report"] = stages["report_s"]
