@@ -132,8 +132,8 @@ def plan(
         Path | None,
         typer.Option(
             "--measured",
-            help="bench/gpu_check.py's MFU measurements, those of --gpu's GPU "
-            "(default: ~/.config/rayb/measured_mfu.json if there)",
+            help="bench/gpu_check.py's MFU measurements, those of --gpu's GPU (default: "
+            "~/.config/rayb/measured_mfu.json where it measured that GPU, else rayb's own)",
         ),
     ] = None,
     peak_tflops: Annotated[
@@ -205,15 +205,11 @@ def plan(
 
 
 def _measurements(path: Path | None, gpu: str) -> tuple[Path, list]:
-    """(the measurements file, its MFU measurements of `gpu`): the given file, else the default one if
-    there is one; none where neither is."""
-    from rayb.mfu import default_path, read_measurements
+    """(the measurements file, its MFU measurements of `gpu`), as `rayb.mfu.find_measurements` chooses."""
+    from rayb.mfu import find_measurements
 
-    source = path or default_path()
-    if path is None and not source.is_file():
-        return source, []
     try:
-        return source, read_measurements(source, gpu)
+        return find_measurements(path, gpu)
     except (OSError, ValueError) as exc:
         _fail("--measured", str(exc))
 

@@ -8,7 +8,7 @@ its own MFU, looked up by its training FLOPs per token (a model's size as the GP
 products, the output head included, the embedding lookup not).
 
 The measurements file (JSON), written by `bench/gpu_check.py` and read by `rayb plan --measured FILE`
-(default: `default_path()`):
+(default: `default_path()` where it has measured the plan's GPU, else rayb's own, `SHIPPED`):
 
     {"format": "rayb-measured-mfu", "version": 1, "measurements": [
       {"gpu": "h100", "device": "NVIDIA H100 80GB HBM3", "date": "2025-06-01", "model": "gpt2-3.5m",
@@ -45,14 +45,19 @@ FORMAT, VERSION = "rayb-measured-mfu", 1
 # of N parameters does about 6N training FLOPs per token, and the anchors below give ~26% at GPT-2
 # small (125M), ~14% at a 3.5M-non-embedding GPT-2 (whose 50K-token head is most of its FLOPs) and 4%
 # at 1M. Each anchor is (training FLOPs per token, fraction of the ceiling); log-linear between them.
-# Measured once against it (bench/gpu_check.py, H200, 2026-11-27): GPT-2 124M trained eager through rayb
-# at 13%, half the 26% assumed; a bare loop reached 28% only under torch.compile.
+# Measured against it on an H200 (bench/gpu_check.py, 2026-11-27), eager through rayb: GPT-2 124M at 13%,
+# half the 26% assumed (a bare loop reached 28% only under torch.compile); gpt2-3.5m at micro-batch 4
+# at 2.8%, a fifth of the 14% assumed. Both are one GPU, whose bf16 peak is three times an A100's: the
+# curve stays an assumption until gpu_check has run on the GPU a plan prices.
 ASSUMED_CEILING = 0.4
 ASSUMED_CURVE = ((6e6, 0.1), (6e7, 0.25), (6e8, 0.6), (6e9, 1.0))
-# ASSUMED: k small trials sharing a GPU fill the gaps one alone leaves, together reaching √k times its
-# MFU (never more than ASSUMED_CEILING). For ten seeds that is a 3.2× gain, a little under the goal
-# bench/gpu_check.py measures against (ten packed seeds in at most 3× one seed's wall, a 3.3× gain).
-PACKING_EXPONENT = 0.5
+# Measured at one point, assumed elsewhere: k small trials sharing a GPU together reach k**PACKING_EXPONENT
+# times one alone's MFU (never more than ASSUMED_CEILING). On an H200 (2026-11-27, no CUDA MPS), ten
+# seeds of gpt2-3.5m at micro-batch 4 trained at 362,115 tokens/s together against 247,188 for one
+# alone (2.8% MFU): a 1.46× gain, 10**0.166, far below the √k assumed here before. Without MPS a GPU
+# runs one process's kernels at a time, time-slicing between processes: the likely reason (not yet
+# measured with MPS on). Packing still saves GPU-hours over a whole GPU per small trial, just fewer.
+PACKING_EXPONENT = 0.166
 NEAR = 1.5  # a measurement stands for sizes within this factor of it, beyond the measured range
 
 
@@ -79,9 +84,25 @@ class Mfu:
         return f"{self.value:.0%} {self.source}"
 
 
+# rayb's own measurements, from bench/gpu_check.py's runs on the GPUs this project was lent (README's GPU
+# section gives each run): a plan prices by them where the user has measured nothing on that GPU.
+SHIPPED = Path(__file__).with_name("measured_mfu.json")
+
+
 def default_path() -> Path:
     """Where gpu_check writes its measurements and `rayb plan` looks for them unless told."""
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "rayb" / "measured_mfu.json"
+
+
+def find_measurements(path: Path | None, gpu: str) -> tuple[Path, list[Measurement]]:
+    """(the file, its measurements of `gpu`) that a plan prices by: the given file; else the default one
+    where it measured this GPU; else rayb's own. OSError or ValueError for a file that cannot be read."""
+    if path is not None:
+        return path, read_measurements(path, gpu)
+    users = default_path()
+    if users.is_file() and (measured := read_measurements(users, gpu)):
+        return users, measured
+    return SHIPPED, read_measurements(SHIPPED, gpu)
 
 
 def read_measurements(path: Path, gpu: str) -> list[Measurement]:
@@ -158,16 +179,19 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 def describe_sources(measured: Sequence[Measurement], path: Path, gpu: str) -> list[str]:
     """What 'measured' and 'assumed' stand for in a plan."""
+    where = f"rayb's own, {path}" if path == SHIPPED else str(path)
     if measured:
         runs = sorted({f"{m.device} on {m.date}" for m in measured})
-        sizes = ", ".join(f"{m.model} {m.mfu:.0%}" + (f" ({m.trials_per_gpu} to a GPU)" if m.trials_per_gpu > 1 else "")
+        sizes = ", ".join(f"{m.model} {m.mfu:.1%}" + (f" ({m.trials_per_gpu} to a GPU)" if m.trials_per_gpu > 1 else "")
                           for m in sorted(measured, key=lambda m: (m.trials_per_gpu, m.train_flops_per_token)))  # fmt: skip
-        found = f"by bench/gpu_check.py on {'; '.join(runs)} ({path}): {sizes}"
+        found = f"by bench/gpu_check.py on {'; '.join(runs)} ({where}): {sizes}"
     else:
-        found = f"none for {gpu} in {path}; `python bench/gpu_check.py` on one writes them"
+        found = (
+            f"none for {gpu} ({where}); `python bench/gpu_check.py` on one writes them to {default_path()}"
+        )
     return [
         f"measured: {found}",
         f"assumed (rayb/mfu.py; an assumption, not a measurement): rising with training FLOPs per token from "
         f"{assumed_mfu(6e6):.0%} at 1M parameters to {ASSUMED_CEILING:.0%} from 1B up; k trials sharing a GPU "
-        f"together √k× one alone, up to {ASSUMED_CEILING:.0%}",
+        f"together k^{PACKING_EXPONENT:g}× one alone ({10**PACKING_EXPONENT:.1f}× for ten), up to {ASSUMED_CEILING:.0%}",
     ]

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from rayb import mfu
 from rayb.cli import app
 from rayb.mfu import Measurement, model_mfu, read_measurements, record_measurements
+from rayb.models.accounting import model_cost
+from rayb.models.presets import PRESETS
 from rayb.plan import plan_study
 from rayb.study import load_study, parse_study
 from rayb.tune.packs import Capacity, trial_slots
@@ -82,10 +84,14 @@ def test_measurements_are_interpolated_in_log_size_and_stand_only_near_the_sizes
 
 def test_packed_trials_take_a_packed_measurement_else_an_assumed_gain():
     alone = [_measured("small", 1e8, 0.10)]
-    assert model_mfu(1e8, 4, alone) == mfu.Mfu(pytest.approx(0.20), "measured alone, ×2.0 assumed")
+    # The gain measured on an H200: ten packed trials together at 1.46× one alone.
+    assert model_mfu(1e8, 10, alone) == mfu.Mfu(
+        pytest.approx(0.146, abs=1e-3), "measured alone, ×1.5 assumed"
+    )
     assert model_mfu(1e8, 4, alone + [_measured("small", 1e8, 0.15, trials=4)]) == mfu.Mfu(0.15, "measured")
-    assumed = model_mfu(1e8, 100, [])  # √100 × would pass the ceiling
-    assert assumed == mfu.Mfu(mfu.ASSUMED_CEILING, "assumed")
+    assert model_mfu(1e8, 10, []) == mfu.Mfu(pytest.approx(1.46 * mfu.assumed_mfu(1e8), rel=1e-2), "assumed")
+    capped = model_mfu(1e8, 100, [_measured("small", 1e8, 0.30)])  # 100**0.166 × 30% would pass the ceiling
+    assert capped == mfu.Mfu(mfu.ASSUMED_CEILING, "measured alone, ×2.1 assumed")
 
 
 def test_the_measurements_file_round_trips_and_replaces_a_measurement_of_the_same_run(tmp_path):
@@ -106,18 +112,43 @@ def test_plan_names_each_models_mfu_and_where_it_comes_from(tmp_path):
     study = load_study(GATE)
     path = tmp_path / "mfu.json"
     record_measurements(path, [_measured("gpt2-3.5m", _flops(study, "gpt2-3.5m"), 0.12),
-                               _measured("gpt2-125m", _flops(study, "gpt2-125m"), 0.30)])  # fmt: skip
+                               _measured("gpt2-125m", _flops(study, "gpt2-125m"), 0.35)])  # fmt: skip
     text = _plan(GATE, "--measured", path)
     assert (
-        "gpt2-3.5m │ 16,615,808 │ 10 │ 3,814 │ 999,817,216 │ 1.11e+17 │ 24% measured alone, ×2.0 assumed"
+        "gpt2-3.5m │ 16,615,808 │ 10 │ 3,814 │ 999,817,216 │ 1.11e+17 │ 15% measured alone, ×1.3 assumed"
         in text
     )
-    assert "40% measured alone, ×2.0 assumed" in text  # gpt2-125m's 30%, doubled past the ceiling: capped
+    assert "40% measured alone, ×1.3 assumed" in text  # gpt2-125m's 35%, ×1.26 past the ceiling: capped
     assert f"MFU measured: by bench/gpu_check.py on NVIDIA A100 on 2025-01-01 ({path})" in text
     assert "GPU-hours at each model's MFU of 312 TFLOP/s per GPU" in text
     assumed = _plan(GATE, "--gpu", "h100")  # no measurement of an H100 anywhere
-    assert "27% assumed" in assumed and "MFU measured: none for h100 in" in assumed
+    assert "27% assumed" in assumed and "MFU measured: none for h100 (rayb's own" in assumed
     assert "an assumption, not a measurement" in assumed
+
+
+def test_rayb_prices_by_its_own_measurements_where_the_user_has_none_of_that_gpu():
+    """The H200 measurements rayb ships, of presets whose FLOPs per token the accounting still gives."""
+    shipped = read_measurements(mfu.SHIPPED, "h200")
+    assert {(m.model, m.trials_per_gpu) for m in shipped} == {
+        ("gpt2", 1),
+        ("gpt2-3.5m", 1),
+        ("gpt2-3.5m", 10),
+    }
+    for m in shipped:  # at gpu_check's vocabulary and sequence length
+        cost = model_cost(PRESETS[m.model].arch, PRESETS[m.model].config, 50257, 1024)
+        assert m.train_flops_per_token == cost.train_flops_per_token
+    text = _plan(GATE, "--gpu", "h200")
+    assert (
+        "gpt2-3.5m │ 16,615,808 │ 10 │ 3,814 │ 999,817,216 │ 1.11e+17 │ 3% measured alone, ×1.3 assumed"
+        in text
+    )
+    assert (
+        f"MFU measured: by bench/gpu_check.py on NVIDIA H200 on 2026-11-27 (rayb's own, {mfu.SHIPPED})"
+        in text
+    )
+    # The user's own measurements of that GPU replace rayb's.
+    record_measurements(mfu.default_path(), [_measured("gpt2-3.5m", 1.1e8, 0.12, gpu="h200")])
+    assert "15% measured alone, ×1.3 assumed" in _plan(GATE, "--gpu", "h200")
 
 
 def test_an_mfu_the_user_gives_prices_every_model(tmp_path):
