@@ -179,15 +179,17 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 def describe_sources(measured: Sequence[Measurement], path: Path, gpu: str) -> list[str]:
     """What 'measured' and 'assumed' stand for in a plan."""
-    where = f"rayb's own, {path}" if path == SHIPPED else str(path)
+    shipped = path == SHIPPED
     if measured:
+        where = f"rayb's own, {path}" if shipped else str(path)
         runs = sorted({f"{m.device} on {m.date}" for m in measured})
         sizes = ", ".join(f"{m.model} {m.mfu:.1%}" + (f" ({m.trials_per_gpu} to a GPU)" if m.trials_per_gpu > 1 else "")
                           for m in sorted(measured, key=lambda m: (m.trials_per_gpu, m.train_flops_per_token)))  # fmt: skip
         found = f"by bench/gpu_check.py on {'; '.join(runs)} ({where}): {sizes}"
     else:
+        where = f"{default_path()} or rayb's own ({path})" if shipped else str(path)
         found = (
-            f"none for {gpu} ({where}); `python bench/gpu_check.py` on one writes them to {default_path()}"
+            f"none for {gpu} in {where}; `python bench/gpu_check.py` on one writes them to {default_path()}"
         )
     return [
         f"measured: {found}",
