@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from rayb.eval.actors import EVAL_DIR
-from rayb.mfu import PACKING_EXPONENT, Measurement, default_path, record_measurements
+from rayb.mfu import Measurement, assumed_packing_gain, default_path, record_measurements
 from rayb.models.accounting import model_cost
 from rayb.models.presets import PRESETS
 from rayb.models.registry import available, get_arch
@@ -238,12 +238,12 @@ def packing_verdict(
     alone: tuple[float, float], packed: tuple[float, float], seeds: int = PACKED_SEEDS
 ) -> str:
     """Ten packed seeds against one alone, each (tokens/s, training seconds): the wall against the goal,
-    and the throughput gain against the one rayb plan assumes (rayb/mfu.py's PACKING_EXPONENT)."""
+    and the throughput gain against the one rayb plan assumes (rayb/mfu.py's assumed_packing_gain)."""
     ratio, gain = packed[1] / alone[1], packed[0] / alone[0]
     met = "met" if ratio <= PACKING_GOAL else "MISSED"
     return (f"{seeds} seeds packed on one GPU trained in {packed[1]:.0f} s, one seed alone in {alone[1]:.0f} s: "
             f"{ratio:.2f}× one seed's wall (goal ≤ {PACKING_GOAL:g}×: {met}); together at {gain:.2f}× one "
-            f"seed's tokens/s (rayb plan assumes {seeds**PACKING_EXPONENT:.2f}×)")  # fmt: skip
+            f"seed's tokens/s (rayb plan assumes {assumed_packing_gain(seeds):.2f}×)")  # fmt: skip
 
 
 def print_rate(name: str, rate: float, flops: float, peak: float, notes: tuple[str, str]) -> None:

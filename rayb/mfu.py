@@ -147,6 +147,11 @@ def assumed_mfu(train_flops_per_token: float) -> float:
     return _interpolate(points, nearest)
 
 
+def assumed_packing_gain(trials_per_gpu: float) -> float:
+    """How much more k trials sharing a GPU do together than one alone, as PACKING_EXPONENT assumes."""
+    return trials_per_gpu**PACKING_EXPONENT
+
+
 def model_mfu(train_flops_per_token: float, trials_per_gpu: float, measured: Sequence[Measurement]) -> Mfu:
     """The MFU of a GPU training trials of this size, `trials_per_gpu` at once (1 for one or more GPUs per
     trial): measured at that packing where there is a measurement near this size; else the trial's MFU
@@ -157,7 +162,7 @@ def model_mfu(train_flops_per_token: float, trials_per_gpu: float, measured: Seq
     base = alone if alone is not None else assumed_mfu(train_flops_per_token)
     if trials_per_gpu <= 1:
         return Mfu(base, "assumed")  # a measurement alone would have been found above
-    gain = trials_per_gpu**PACKING_EXPONENT
+    gain = assumed_packing_gain(trials_per_gpu)
     packed = max(base, min(ASSUMED_CEILING, base * gain))
     return Mfu(packed, "assumed" if alone is None else f"measured alone, ×{gain:.1f} assumed")
 
@@ -195,5 +200,5 @@ def describe_sources(measured: Sequence[Measurement], path: Path, gpu: str) -> l
         f"measured: {found}",
         f"assumed (rayb/mfu.py; an assumption, not a measurement): rising with training FLOPs per token from "
         f"{assumed_mfu(6e6):.0%} at 1M parameters to {ASSUMED_CEILING:.0%} from 1B up; k trials sharing a GPU "
-        f"together k^{PACKING_EXPONENT:g}× one alone ({10**PACKING_EXPONENT:.1f}× for ten), up to {ASSUMED_CEILING:.0%}",
+        f"together k^{PACKING_EXPONENT:g}× one alone ({assumed_packing_gain(10):.1f}× for ten), up to {ASSUMED_CEILING:.0%}",
     ]
