@@ -212,6 +212,7 @@ class EvalPool:
         self._running: dict = {}  # result ref -> (actor, GPU share, job, when it was handed over)
         self._attempts: dict[str, int] = {}  # job's result file -> runs that lost their actor
         self._standing = 0  # CPU actors that may live without a job
+        self._spare_before = False  # whether the last poll found spare CPUs
         self._looked, self._waiting = -math.inf, False  # when the pool last asked, and whether groups waited
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
@@ -228,7 +229,12 @@ class EvalPool:
                     for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
                         queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
                 spare = 0 if self._groups_wait() else int(self.spare_cpus() // self.threads)
-                self._standing = max(0, min(spare, self.num_actors))
+                # Standing actors start a poll after spare CPUs first show, once the worker groups that
+                # leave them spare have asked Ray for their processes: Ray keeps only as many idle worker
+                # processes as the node has cores, and a group's Train controller that came second would
+                # wait for a new one (1 s of a 1-seed study's start on 2 cores).
+                self._standing = max(0, min(spare if self._spare_before else 0, self.num_actors))
+                self._spare_before = spare > 0
                 self._start_actors(more)
                 if not self._running:
                     if not more:

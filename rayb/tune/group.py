@@ -63,9 +63,6 @@ class TrialQueue:
         if (group := self.watched.pop(controller, None)) is not None:
             remove_placement_group(group)
 
-    def stopped(self) -> bool:
-        return self.stopping
-
     def watch(self, controller: str, placement_group) -> None:
         """Remove `placement_group` if the controller dies before it `ended` (a controller that starts
         another worker group registers that one's instead)."""

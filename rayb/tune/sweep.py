@@ -14,6 +14,7 @@ trains nothing). The driver's threads do the rest (see _run_group).
 
 from __future__ import annotations
 
+import threading
 import traceback
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -80,18 +81,24 @@ def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None
     watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
     by_key = {t.key: t for t in trials}
     errors: dict[str, str] = {}
+    stopped = threading.Event()  # the groups' threads see it; the queue ends their runs
+
+    def stop() -> None:
+        stopped.set()
+        ray.get(queue.stop.remote())
+
     try:
         with ThreadPoolExecutor(max_concurrent, thread_name_prefix="rayb-group") as threads:
-            running = {threads.submit(_run_group, g, name, packed, by_key) for g in groups}
+            running = {threads.submit(_run_group, g, name, packed, by_key, stopped) for g in groups}
             try:
                 while running:
                     done, running = wait(running, timeout=ClusterWatch.WATCH_S, return_when=FIRST_COMPLETED)
                     for group in done:
                         errors |= group.result()
                     if running and watch.why is None and watch.look():
-                        ray.get(queue.stop.remote())  # ends the running groups; the waiting ones see it
+                        stop()  # ends the running groups; the waiting ones see it
             except BaseException:  # Ctrl-C, or a bug: the threads' runs end before the driver does
-                ray.get(queue.stop.remote())
+                stop()
                 raise
     finally:
         ray.kill(queue)
@@ -100,16 +107,17 @@ def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None
 
 
 def _run_group(
-    pack: TrialPack, queue_name: str, packed: bool, trials: dict[str, TrialSpec]
+    pack: TrialPack, queue_name: str, packed: bool, trials: dict[str, TrialSpec], stopped: threading.Event
 ) -> dict[str, str]:
     """Run one worker group of the pool: its Ray Train run, on a thread of the driver (its controller runs
-    on the driver's node, which outlives the nodes a cluster may lose). A failure Ray Train has already
-    retried is final: the trials it leaves untrained are recorded, with why. A run whose controller died
-    (a process lost otherwise than by training) starts again, up to PACK_RESTARTS times, and resumes the
-    trial it held from that trial's last checkpoint."""
-    queue = ray.get_actor(queue_name)
+    on the driver's node, which outlives the nodes a cluster may lose), unless the pool has `stopped`. A
+    failure Ray Train has already retried is final: the trials it leaves untrained are recorded, with why.
+    A run whose controller died (a process lost otherwise than by training) starts again, up to
+    PACK_RESTARTS times, and resumes the trial it held from that trial's last checkpoint. The stop is the
+    driver's own flag, not the queue's: asking the queue would wait for its actor's process to start
+    (0.5 s of a laptop study's critical path), and only the driver stops it."""
     restarts = 0
-    while not ray.get(queue.stopped.remote()):
+    while not stopped.is_set():
         try:
             pack_trainer(pack, one_node=packed, queue=queue_name).fit()
             return {}
@@ -119,7 +127,7 @@ def _run_group(
             failure, restarts = exc, restarts + 1
             if restarts <= PACK_RESTARTS:
                 continue
-        return _group_failed(pack, queue, failure, trials)
+        return _group_failed(pack, ray.get_actor(queue_name), failure, trials)
     return {}  # the pool stopped: run_pool records why
 
 
