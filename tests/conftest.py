@@ -69,18 +69,27 @@ def registered_checkpoint_trial(run_dir: Path) -> str | None:
 
 
 def ray_processes(actor_class: str) -> list:
-    """The processes of a Ray actor class on this machine (psutil.Process), by the title Ray gives them:
-    `ray::<class>`, or `ray::<class>.<method>` while it runs that method (pass "<class>.<method>")."""
+    """The live processes of a Ray actor class in the connected session (psutil.Process): the GCS's actors
+    of that class whose process carries the title Ray gives it, `ray::<class>`, or `ray::<class>.<method>`
+    while it runs that method (pass "<class>.<method>"). Only this session's: another Ray on the machine
+    (a parallel test run's) keeps its own."""
     import psutil
 
     title = f"ray::{actor_class}"
-    return [
-        p for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []).startswith(title)
-    ]
+    alive = [a["Pid"] for a in session_actors(actor_class.partition(".")[0]) if a["State"] == "ALIVE"]
+    processes = []
+    for pid in alive:
+        try:
+            process = psutil.Process(pid)
+            if " ".join(process.cmdline()).startswith(title):
+                processes.append(process)
+        except psutil.NoSuchProcess:  # gone since the GCS listed it
+            continue
+    return processes
 
 
 def train_worker_processes() -> list:
-    """The processes of Ray Train's workers on this machine (psutil.Process), for a test to kill."""
+    """The processes of Ray Train's workers in the connected session (psutil.Process), for a test to kill."""
     return ray_processes("RayTrainWorker")
 
 
