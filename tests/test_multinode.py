@@ -124,8 +124,10 @@ def _curve(trial: TrialSpec) -> list[tuple[int, float]]:
     ]
 
 
-def _local_study_files(roots: list[Path], allowed: list[Path], since: float) -> list[Path]:
-    """Files named like a study's, written since `since`, under `roots` but outside `allowed`."""
+def _local_study_files(roots: list[Path], allowed: list[Path], since: float, keys: set[str]) -> list[Path]:
+    """Files named like a study's, written since `since`, under `roots` but outside `allowed`, on a path
+    naming one of the study's `keys` (its cache's, its trials', its own): another test running beside this
+    one (`pytest -n 2`) writes studies of its own."""
     found = []
     for root in roots:
         for directory, subdirs, files in os.walk(root):
@@ -133,7 +135,11 @@ def _local_study_files(roots: list[Path], allowed: list[Path], since: float) -> 
                 d for d in subdirs if not any(Path(directory, d).is_relative_to(a) for a in allowed)
             ]
             found += [
-                Path(directory, f) for f in files if f in STUDY_FILES and _mtime(Path(directory, f)) >= since
+                Path(directory, f)
+                for f in files
+                if f in STUDY_FILES
+                and _mtime(Path(directory, f)) >= since
+                and keys & set(Path(directory).parts)
             ]
     return found
 
@@ -166,7 +172,8 @@ def test_a_study_on_s3_across_two_nodes_survives_losing_one(cluster, s3_bucket, 
     assert storage.exists(storage.join(study_dir, "results.parquet"))
     # Nothing of the study on local disk: only in Ray's temp dirs (each node's mirror is inside its own).
     temp_dirs = [node.temp_dir for node in cluster.nodes]
-    assert _local_study_files([tmp_path, REPO, Path(tempfile.gettempdir())], temp_dirs, since=began) == []
+    keys = {key, study_dir.rpartition("/")[2]} | {t.trial_dir.rpartition("/")[2] for t in trials}
+    assert _local_study_files([tmp_path, REPO, Path(tempfile.gettempdir())], temp_dirs, began, keys) == []
     assert all(not any(node.workdir.iterdir()) for node in cluster.nodes)
 
     # `rayb report URI` rebuilds the report from the store alone, in a process with its own mirror.
