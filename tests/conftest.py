@@ -130,9 +130,9 @@ def restart_points(metrics_log: Path) -> list[int]:
     return [b for a, b in zip(steps, steps[1:], strict=False) if b <= a]
 
 
-# The files whose tests run whole studies, clusters or kills, longest first (seconds each on 2 cores):
-# collected first, so that a parallel run (`-n 2 --dist loadfile --no-loadscope-reorder`) starts them
-# first and does not end on one of them alone.
+# The files whose tests run whole studies, clusters or kills, longest first (seconds per file, in one
+# process on 2 cores). Collected first, so that a parallel run (`-n 2 --dist loadfile
+# --no-loadscope-reorder`) starts them first and does not end on one of them alone.
 LONGEST_FIRST = (
     "test_team_studies.py",  # 170
     "test_multinode.py",  # 150
