@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import session_actors
@@ -59,6 +60,48 @@ def test_a_fed_job_runs_before_the_feed_closes(ray_session, tiny_cache, tmp_path
         time.sleep(0.5)
     for trial in (first, second):
         assert read_result(Path(trial.trial_dir), "lm", {})["status"] == "ok"
+
+
+def test_short_jobs_share_one_actor_and_a_long_queue_starts_another(
+    ray_session, tiny_cache, tmp_path, monkeypatch
+):
+    """A CPU actor's start (its process, torch's and transformers' imports) is paid only where it shortens
+    the queue: two short jobs, with two actors allowed, run one after the other on one; MANY_JOBS waiting
+    beside the first actor's start the second at once."""
+    monkeypatch.setattr(EvalPool, "START_ALLOWANCE_S", 600.0)  # however slow a start here, the rule decides
+    trials = [_saved_trial(f"t{i}", tiny_cache, tmp_path) for i in range(3 + EvalPool.MANY_JOBS)]
+
+    def actors_started(trials: list[TrialSpec]) -> int:
+        before = {a["ActorID"] for a in session_actors("_EvalActor")}
+        assert evaluate(evaluation_jobs(trials, ["lm"], {}), num_actors=2, log=lambda _: None) == {}
+        return len({a["ActorID"] for a in session_actors("_EvalActor")} - before)
+
+    assert actors_started(trials[:2]) == 1
+    assert actors_started(trials[2:]) == 2
+    assert all(read_result(Path(t.trial_dir), "lm", {})["status"] == "ok" for t in trials)
+
+
+def test_another_actor_starts_where_the_queued_work_outlasts_a_start():
+    """The pool's rule (pure arithmetic on what it has measured): the queue's work, each suite's jobs at
+    their own mean wall, shared by the live actors, against the last measured start; before anything is
+    measured, the live actors' jobs must have run START_ALLOWANCE_S."""
+    pool = EvalPool(num_actors=4, use_gpu=False, log=lambda _: None)
+    lm, overfit = SimpleNamespace(suite="lm"), SimpleNamespace(suite="overfit")
+    assert pool._worth_an_actor([lm])  # no actor live: the first always starts
+    pool._live[0.0] = 1
+    pool._running = {"ref": (None, 0.0, lm, time.perf_counter())}
+    assert not pool._worth_an_actor([lm] * 3)  # nothing measured, the live job only just handed over
+    pool._running = {"ref": (None, 0.0, lm, time.perf_counter() - EvalPool.START_ALLOWANCE_S)}
+    assert pool._worth_an_actor([lm])
+    assert pool._worth_an_actor([lm] * EvalPool.MANY_JOBS)
+    pool._start_s, pool._job_s = 4.0, {"lm": [0.5, 0.7], "overfit": [3.0]}
+    assert not pool._worth_an_actor([lm] * 6)  # 3.6 s of work: less than a start
+    assert pool._worth_an_actor([lm] * 7)  # 4.2 s
+    assert pool._worth_an_actor([overfit, overfit])  # 6 s
+    speed = SimpleNamespace(suite="speed")  # not measured yet: every job's mean, 1.4 s
+    assert pool._worth_an_actor([speed] * 3)
+    pool._live[0.0] = 2
+    assert not pool._worth_an_actor([overfit, overfit])  # 3 s each for two live actors
 
 
 def _alive_eval_actors() -> dict[str, int]:

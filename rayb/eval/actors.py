@@ -12,6 +12,7 @@ is recorded as that evaluation's error, like a failing benchmark, and the study 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 import traceback
@@ -192,11 +193,21 @@ class EvalPool:
     trial still to start may be waiting for, and that trial's end is what closes the feed. CPUs that no
     worker group can use (`spare_cpus`, asked at each poll) hold actors that start before any job (their
     imports then overlap the trials' start-up) and wait for the next job instead of each job's actor
-    starting anew."""
+    starting anew.
+
+    A CPU actor's start (its process and imports: seconds of a core) pays only for work that the live actors
+    would take longer over: a second actor is started for a queued job only where the jobs queued would
+    keep the live actors busy longer than a start takes (both measured as jobs come back: `_worth_an_actor`).
+    On a laptop after training, two short jobs then run one after the other on one actor, in about the
+    same time as on two, and without importing torch and transformers twice. GPU actors start as before."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
     LOOK_S = 5.0  # how often the pool asks whether worker groups wait for resources
+    # Before any job has come back, how long the live CPU actors' jobs may run before another actor starts
+    # (a start took 3-4 s on 2 idle cores, 5-8 s beside training), and a queue long enough for one anyway.
+    START_ALLOWANCE_S = 10.0
+    MANY_JOBS = 8
 
     def __init__(
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
@@ -214,6 +225,9 @@ class EvalPool:
         self._standing = 0  # CPU actors that may live without a job
         self._spare_before = False  # whether the last poll found spare CPUs
         self._looked, self._waiting = -math.inf, False  # when the pool last asked, and whether groups waited
+        self._cold: set = set()  # CPU actors started for a job that has not come back yet: still starting
+        self._start_s: float | None = None  # the last measured start of a CPU actor, to its first job
+        self._job_s: dict[str, list[float]] = {}  # per suite: the CPU jobs' walls so far
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray
@@ -273,8 +287,14 @@ class EvalPool:
             error = f"the eval actor was lost: {type(exc).__name__}: {exc}"
             result = write_result(job, {"status": "error", "error": error}, time.perf_counter() - began)
             lost = True
+            self._cold.discard(handle)
         else:
             lost = result["status"] != "ok" and sticky_cuda_error(result["error"])
+            if gpus == 0.0:
+                self._job_s.setdefault(job.suite, []).append(result["wall_s"])
+                if handle in self._cold:  # its first job: what is left of the wait is the actor's start
+                    self._cold.discard(handle)
+                    self._start_s = max(0.0, time.perf_counter() - began - result["wall_s"])
         if not lost:
             self._next_job(handle, gpus)
             return job, result
@@ -302,16 +322,41 @@ class EvalPool:
         return self._waiting
 
     def _start_actors(self, more: bool) -> None:
-        """Give each queued job an idle actor, or start one, up to `num_actors` per GPU share; then stop
-        the idle actors beyond those standing by, and while jobs may still come, start the rest of them."""
+        """Give each queued job an idle actor, or start one (a CPU one where it pays: `_worth_an_actor`), up
+        to `num_actors` per GPU share; then stop the idle actors beyond those standing by, and while jobs may
+        still come, start the rest of them."""
         for gpus, queue in self._queues.items():
             idle = self._idle if gpus == 0.0 else []
             while queue and (idle or self._live.get(gpus, 0) < self.num_actors):
-                self._next_job(idle.pop() if idle else self._actor(gpus), gpus)
+                if idle:
+                    self._next_job(idle.pop(), gpus)
+                elif gpus == 0.0 and not self._worth_an_actor(queue):
+                    break
+                else:
+                    handle = self._actor(gpus)
+                    if gpus == 0.0:
+                        self._cold.add(handle)
+                    self._next_job(handle, gpus)
         while self._idle and self._live.get(0.0, 0) > self._standing:
             self._stop(self._idle.pop(), 0.0)
         while more and self._live.get(0.0, 0) < self._standing:
             self._idle.append(self._actor(0.0))
+
+    def _worth_an_actor(self, queue: list[EvalJob]) -> bool:
+        """Whether the queued CPU jobs get another actor: the first always; another where the queue is long
+        (MANY_JOBS), or where its work, shared by the live actors, outlasts an actor's start (both as measured
+        so far; each suite's jobs by their own walls). Before any job has come back, where every live actor's
+        job has run START_ALLOWANCE_S."""
+        live = self._live.get(0.0, 0)
+        if not live or len(queue) >= self.MANY_JOBS:
+            return True
+        if self._start_s is None:
+            now = time.perf_counter()
+            return all(now - began >= self.START_ALLOWANCE_S for _, gpus, _, began in self._running.values()
+                       if gpus == 0.0)  # fmt: skip
+        walls = [wall for walls in self._job_s.values() for wall in walls]
+        queued_s = sum(statistics.fmean(self._job_s.get(job.suite, walls)) for job in queue)
+        return queued_s / live > self._start_s
 
     def _next_job(self, handle, gpus: float) -> None:
         """Give an actor the next job of its GPU share; with none, let it wait if spare CPUs hold it, else
