@@ -196,10 +196,11 @@ class EvalPool:
     starting anew.
 
     A CPU actor's start (its process and imports: seconds of a core) pays only for work that the live actors
-    would take longer over: a second actor is started for a queued job only where the jobs queued would
-    keep the live actors busy longer than a start takes (both measured as jobs come back: `_worth_an_actor`).
-    On a laptop after training, two short jobs then run one after the other on one actor, in about the
-    same time as on two, and without importing torch and transformers twice. GPU actors start as before."""
+    would take longer over: another actor is started for a queued job only where the jobs queued would
+    keep the live actors busy longer than a start takes (both measured as jobs come back), or where many
+    wait (`_worth_an_actor`). On a laptop after training, two short jobs then run one after the other on
+    one actor, in about the same time as on two, and without importing torch and transformers twice. GPU
+    actors start as before."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
