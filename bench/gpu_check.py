@@ -6,6 +6,7 @@ Run on a machine with a CUDA device (it refuses to run without one):
     python bench/gpu_check.py --steps 100 --peak-tflops 989
     python bench/gpu_check.py --pack-steps 1000 --measured-out mfu.json
     python bench/gpu_check.py --only packing      # one section (a short GPU lease)
+    python bench/gpu_check.py --only packing --mps   # the same under CUDA MPS (needs NVIDIA's MPS daemon)
 
 1. The kernel path every built-in architecture takes on this GPU (mamba-ssm, causal-conv1d, fla, or a
    slow PyTorch fallback) and what would make a slow one fast.
@@ -19,7 +20,9 @@ Run on a machine with a CUDA device (it refuses to run without one):
    Targets: the bare loop ≥ 40% MFU; rayb ≥ 0.9× the bare loop's tokens/s.
 3. GPT-2 at 3.5M non-embedding parameters (`preset: gpt2-3.5m`) through rayb: one seed alone on the GPU,
    then ten seeds packed on it (`train.gpus_per_trial: 0.1`), each run's training wall-clock from its
-   `timings.json`. Target: the ten in at most 3× one seed's wall.
+   `timings.json`. Target: the ten in at most 3× one seed's wall. With `--mps` the check starts CUDA's
+   Multi-Process Service for its run, so the packed trials' processes run their kernels side by side
+   rather than taking turns on the GPU; run it with and without to see what MPS buys.
 
 Beside each rayb MFU it prints the precision the trials trained in and the one their evaluations ran in
 (from the evaluation result files). It records the MFUs rayb reached (GPT-2 124M alone, 3.5M alone, and
@@ -33,10 +36,15 @@ not depend on the text.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import re
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +64,7 @@ SMALL, PACKED_SEEDS, PACKING_GOAL = "gpt2-3.5m", 10, 3.0  # ten packed seeds in 
 # The seed trained alone is none of the packed study's 0-9: both studies share one output (and so one token
 # cache), and GPU shares stay out of trial keys, so the packed study would find a shared seed trained.
 ALONE_SEEDS = [PACKED_SEEDS]
+MPS_CONTROL = "nvidia-cuda-mps-control"  # NVIDIA's MPS daemon, from the driver's utilities
 
 
 def gpu_of(device: str) -> str | None:
@@ -137,6 +146,42 @@ def bare_tokens_per_s(batch: int, warmup: int, steps: int, compile: bool) -> flo
     del model, optimizer
     torch.cuda.empty_cache()
     return batch * SEQ / statistics.median(times)
+
+
+def mps_running() -> bool:
+    """Whether an MPS control daemon runs on this machine (one a cluster's setup started, say)."""
+    import psutil
+
+    return any(process.info["name"] == MPS_CONTROL for process in psutil.process_iter(["name"]))
+
+
+@contextlib.contextmanager
+def cuda_mps(on: bool):
+    """CUDA MPS for the run where asked; yields what the run is under ("on", "off", or a daemon started
+    outside the check). The daemon starts before any process of the run creates a CUDA context, so every
+    context (each Ray worker's, each eval actor's) goes through one MPS server and their kernels share the
+    GPU's multiprocessors at once. It stops at the end, a SIGTERM's included: a daemon left running would
+    put every later CUDA program on the machine under MPS."""
+    running = mps_running()
+    if not on:
+        yield "on (a daemon started outside this check)" if running else "off"
+        return
+    if shutil.which(MPS_CONTROL) is None:
+        raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH (it comes with NVIDIA's driver utilities)")
+    if running:
+        raise SystemExit("--mps: an MPS daemon already runs here; run without --mps, which runs under it")
+    subprocess.run([MPS_CONTROL, "-d"], stdin=subprocess.DEVNULL, check=True)
+    on_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield "on"
+    finally:
+        ask = [MPS_CONTROL]
+        servers = subprocess.run(
+            ask, input="get_server_list\n", capture_output=True, text=True
+        ).stdout.split()
+        print(f"CUDA MPS servers that ran: {', '.join(servers) or 'none: no process used MPS'}")
+        subprocess.run(ask, input="quit\n", text=True, check=True)
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 # ----- rayb --------------------------------------------------------------------------------------------
@@ -334,15 +379,19 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=sorted(SECTIONS), help="run this section alone (the kernels always print)"
     )
+    parser.add_argument(
+        "--mps", action="store_true", help=f"run under CUDA MPS (starts and stops {MPS_CONTROL})"
+    )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
-    device = torch.cuda.get_device_name()
-    peak = peak_flops(args.peak_tflops, device)
-    print(f"{device}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16)")
-    print_kernels()
-    sections = [SECTIONS[args.only]] if args.only else SECTIONS.values()
-    measured = [m for section in sections for m in section(args, peak, device)]
+    with cuda_mps(args.mps) as mps:  # before this process's first CUDA call
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
+        device = torch.cuda.get_device_name()
+        peak = peak_flops(args.peak_tflops, device)
+        print(f"{device}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16), CUDA MPS {mps}")
+        print_kernels()
+        sections = [SECTIONS[args.only]] if args.only else SECTIONS.values()
+        measured = [m for section in sections for m in section(args, peak, device)]
     record_measurements(args.measured_out, measured)
     print(f"\nMFU measurements for `rayb plan --gpu {measured[0].gpu}` added to {args.measured_out}")
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +90,48 @@ def test_the_packing_studies_share_their_tokens_and_none_of_their_trials(tmp_pat
 
     assert keys(alone, alone.seeds).isdisjoint(keys(packed, packed.seeds))
     assert keys(alone, [0]) == keys(packed, [0])
+
+
+def test_it_says_whether_it_ran_under_cuda_mps_and_asks_for_mps_clearly(monkeypatch, tmp_path):
+    """Without the MPS daemon's program `--mps` stops, naming it; without `--mps` the run says MPS was off,
+    or on where a daemon started outside the check already runs (its processes share the GPU through it:
+    here a process under the daemon's name)."""
+    daemon = tmp_path / gc.MPS_CONTROL
+    shutil.copy(shutil.which("sleep"), daemon)
+    monkeypatch.setattr(gc.shutil, "which", lambda name: None)
+    with gc.cuda_mps(False) as mps:
+        assert mps == "off"
+    with pytest.raises(SystemExit, match="nvidia-cuda-mps-control is not on PATH"), gc.cuda_mps(True):
+        pass
+    with subprocess.Popen([daemon, "60"]) as running:
+        try:
+            with gc.cuda_mps(False) as mps:
+                assert mps == "on (a daemon started outside this check)"
+        finally:
+            running.kill()
+
+
+def test_under_mps_the_daemon_stops_at_the_end_a_sigterms_included(monkeypatch, tmp_path, capsys):
+    """NVIDIA's MPS control program cannot run here: a stand-in on PATH records what it is asked. The check
+    starts the daemon, and stops it at the end and when the run is killed (SIGTERM), naming the MPS servers
+    that ran (the processes that used MPS went through them)."""
+    asked = tmp_path / "asked"
+    control = tmp_path / "bin" / gc.MPS_CONTROL
+    control.parent.mkdir()
+    control.write_text(  # the daemon's start reads nothing; a command to it comes on its standard input
+        f'#!/bin/sh\nif [ "$1" = -d ]; then echo -d >> {asked}; else cat >> {asked}; echo 1234; fi\n'
+    )
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{control.parent}:{os.environ['PATH']}")
+    before = signal.getsignal(signal.SIGTERM)
+    with gc.cuda_mps(True) as mps:
+        assert mps == "on" and asked.read_text().split() == ["-d"]
+    assert asked.read_text().split() == ["-d", "get_server_list", "quit"]
+    assert "CUDA MPS servers that ran: 1234" in capsys.readouterr().out
+    asked.unlink()
+    with pytest.raises(SystemExit) as killed, gc.cuda_mps(True):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs before this ends
+    assert killed.value.code == 128 + signal.SIGTERM
+    assert asked.read_text().split() == ["-d", "get_server_list", "quit"]
+    assert signal.getsignal(signal.SIGTERM) == before
