@@ -22,7 +22,8 @@ Run on a machine with a CUDA device (it refuses to run without one):
    then ten seeds packed on it (`train.gpus_per_trial: 0.1`), each run's training wall-clock from its
    `timings.json`. Target: the ten in at most 3× one seed's wall. With `--mps` the check starts CUDA's
    Multi-Process Service for its run, so the packed trials' processes run their kernels side by side
-   rather than taking turns on the GPU; run it with and without to see what MPS buys.
+   rather than taking turns on the GPU; run it with and without to see what MPS buys. Cut short (Ctrl-C,
+   SIGTERM), it prints the rates the unfinished trials have logged so far.
 
 Beside each rayb MFU it prints the precision the trials trained in and the one their evaluations ran in
 (from the evaluation result files). It records the MFUs rayb reached (GPT-2 124M alone, 3.5M alone, and
@@ -250,10 +251,28 @@ def _seconds(parts: dict[str, float]) -> str:
     )
 
 
+def step_rates(trial_dir: Path, warmup: int) -> list[float]:
+    """The trial's tokens/s at each step after `warmup`, from its own per-step log (a log still being written
+    ends at its last whole line; none yet, no steps)."""
+    log = trial_dir / "metrics.jsonl"
+    text = log.read_text() if log.exists() else ""
+    lines = text.splitlines()[: None if text.endswith("\n") else -1]
+    records = [json.loads(line) for line in lines]
+    return [r["tokens_per_s"] for r in records if r["kind"] == "train" and r["step"] > warmup]
+
+
 def median_tokens_per_s(trial_dir: Path, warmup: int) -> float:
-    """The trial's median tokens/s over its steps after `warmup`, from its own per-step log."""
-    log = [json.loads(line) for line in (trial_dir / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["tokens_per_s"] for r in log if r["kind"] == "train" and r["step"] > warmup)
+    """The trial's median tokens/s over its steps after `warmup`."""
+    return statistics.median(step_rates(trial_dir, warmup))
+
+
+def print_so_far(trial_dirs: list[Path], warmup: int) -> None:
+    """Trials cut short (a GPU lease's time limit, Ctrl-C): each one's median tokens/s so far, and together
+    (their rate side by side, where they all ran at once)."""
+    rates = [statistics.median(steps) for trial in trial_dirs if (steps := step_rates(trial, warmup))]
+    each = ", ".join(f"{rate:,.0f}" for rate in rates) or "none"
+    print(f"cut short: {len(rates)} of {len(trial_dirs)} trials past step {warmup}, at {each} tokens/s; "
+          f"together {sum(rates):,.0f} tokens/s")  # fmt: skip
 
 
 def precisions(trial_dir: Path) -> tuple[str, str]:
@@ -333,14 +352,23 @@ def packing_check(args, peak: float, device: str) -> list[Measurement]:
     """Section 3: the 3.5M model, one seed alone on the GPU, then ten packed on it."""
     flops = flops_per_token(SMALL)
     print(f"\n{SMALL}: {args.pack_steps} steps of {args.pack_global} × {SEQ}, micro-batch {args.pack_batch}")
-    runs = {}
+    runs, finished = {}, set()
     with tempfile.TemporaryDirectory(prefix="rayb-gpu-check-") as root:
         for seeds in (ALONE_SEEDS, PACKED_SEEDS):
             alone = seeds is ALONE_SEEDS
             share = {} if alone else {"gpus_per_trial": 1 / PACKED_SEEDS}
             study = gpu_study(Path(root), f"gpu-check-{'alone' if alone else 'packed'}", SMALL, seeds,
                               args.pack_batch, args.pack_global, args.pack_steps, num_workers=1, **share)  # fmt: skip
-            trials, _, training_s = run_rayb(study, Path(root) / "out")  # the second reuses the token cache
+            out = Path(root) / "out"  # the second study reuses the first's token cache
+            try:
+                trials, _, training_s = run_rayb(study, out)
+            except (SystemExit, KeyboardInterrupt):  # what the steps logged so far is still a measurement
+                started = out / "trials"
+                print_so_far(
+                    sorted(set(started.iterdir() if started.exists() else []) - finished), args.warmup
+                )
+                raise
+            finished |= set(trials)
             # The trials train side by side: together, the GPU's rate.
             rate = sum(median_tokens_per_s(t, args.warmup) for t in trials)
             runs[len(trials)] = (rate, training_s, precisions(trials[0]))

@@ -135,3 +135,19 @@ def test_under_mps_the_daemon_stops_at_the_end_a_sigterms_included(monkeypatch, 
     assert killed.value.code == 128 + signal.SIGTERM
     assert asked.read_text().split() == ["-d", "get_server_list", "quit"]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_trials_cut_short_still_report_their_rates_so_far(tmp_path, capsys):
+    """A lease's time limit can end the packed run before its trials finish: their per-step logs (the last
+    line perhaps half written) still give each one's median tokens/s so far, and the sum."""
+    for name, rates in [("a", [9.0, 100.0, 300.0, 200.0]), ("b", [9.0, 50.0]), ("c", [9.0])]:
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"kind": "train", "step": i + 1, "tokens_per_s": r}) for i, r in enumerate(rates)]
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tra')
+    (tmp_path / "d").mkdir()  # a trial whose worker had not started
+    assert gc.step_rates(tmp_path / "a", warmup=1) == [100.0, 300.0, 200.0]  # the half line is not read
+    gc.print_so_far(sorted(tmp_path.iterdir()), warmup=1)
+    assert (
+        "cut short: 2 of 4 trials past step 1, at 200, 50 tokens/s; together 250 tokens/s"
+        in capsys.readouterr().out
+    )
