@@ -6,10 +6,11 @@ scoring the held-out rows at the end. Both are timed as whole processes, on the 
 only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (data preparation is timed
 on its own, from nothing). For each, a timeline splits rayb's critical path: the process's own start
 and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its
-start, its imports, each trial's set-up, training steps, checkpoints and validation, saving, and what
-Ray Train spent around them: passing between trials, ending the group), the evaluation left after
-training, the report, and the exit (Ray's shutdown). The stack's floor (FLOOR below) is timed too: what
-a run on Ray Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come.
+start: until its worker's process exists, joining the process group, the rest; its imports, each trial's
+set-up, training steps, checkpoints and validation, saving, and what Ray Train spent around them: passing
+between trials, ending the group), the evaluation left after training, the report, and the exit (Ray's
+shutdown). The stack's floor (FLOOR below) is timed too: what a run on Ray Train and DeepSpeed costs with
+nothing trained, a bound on how close any such run can come.
 
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
@@ -148,7 +149,14 @@ def timeline(run: dict) -> dict[str, float]:
         "Ray start": stages["ray_start_s"],
         "data": stages["data_s"],
         "self-checks, planning": stages["self_checks_s"] + stages["planning_s"],
-        "group start": spent(last, "worker_start_s"),
+        # The group's start, from the driver's request: until its worker's process exists (the controller,
+        # the placement, the process's start), joining the process group, and the rest (the worker's
+        # imports, Ray Train's own set-up, waits between them).
+        "group start: worker process": spent(last, "worker_process_s"),
+        "group start: process group": spent(last, "process_group_s"),
+        "group start: the rest": spent(last, "worker_start_s")
+        - spent(last, "worker_process_s")
+        - spent(last, "process_group_s"),
         "worker imports": spent(last, "imports_s"),
         "set_up": spent(last, "set_up_s"),
         "training steps": sum(t["wall_s"] for t in last),

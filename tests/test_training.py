@@ -6,6 +6,8 @@ import dataclasses
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -240,7 +242,12 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
     for trial in pack.trials:
         result = json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())
         assert result["status"] == "ok"
-        assert all(result["timings"][part] > 0 for part in ("worker_start_s", "set_up_s", "checkpoint_s"))
+        parts = ("worker_start_s", "worker_process_s", "process_group_s", "set_up_s", "checkpoint_s")
+        assert all(result["timings"][part] > 0 for part in parts)
+        assert (
+            result["timings"]["worker_process_s"] + result["timings"]["process_group_s"]
+            < result["timings"]["worker_start_s"]
+        )
 
 
 def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, tiny_cache, tmp_path):
@@ -379,11 +386,26 @@ def test_the_next_trial_in_a_pack_compiles_afresh():
 
 
 def test_worker_start_is_timed_only_against_a_clock_on_the_same_node(ray_session):
-    """The driver's clock and the worker's: subtracted only where they are one machine's."""
+    """The driver's clock and the worker's: subtracted only where they are one machine's. A process older
+    than the request (one Ray reused) waited for no process to start."""
     import ray
 
     from rayb.train.loop import _start_costs
 
     here = ray.get_runtime_context().get_node_id()
-    assert _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5) == {"worker_start_s": 2.5}
-    assert _start_costs({"launched_at": 100.0, "launched_on": "f" * 56}, entered=102.5) == {}
+    started = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, process_age_s=1.5)
+    assert started == {"worker_start_s": 2.5, "worker_process_s": 1.0}
+    reused = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, process_age_s=9.0)
+    assert reused["worker_process_s"] == 0.0
+    assert (
+        _start_costs({"launched_at": 100.0, "launched_on": "f" * 56}, entered=102.5, process_age_s=1.5) == {}
+    )
+
+
+def test_a_process_knows_how_long_ago_it_started():
+    """The age the training loop subtracts from its entry time, against the parent's clock at the start."""
+    code = "import time; from rayb.train.loop import process_age_s; print(time.time(), process_age_s())"
+    began = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    now, age = (float(x) for x in out.split())
+    assert began - 0.05 <= now - age <= began + 0.5  # the child's start: just after the parent's clock read

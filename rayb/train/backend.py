@@ -93,11 +93,22 @@ def _set_rendezvous(address: str, port: int) -> None:
     _set_torch_distributed_env_vars()  # RANK, LOCAL_RANK, WORLD_SIZE, ... before the group forms
 
 
+# Seconds this worker process took to join its group's process group (the rendezvous, which waits for
+# the group's slowest worker, and the backend's set-up; NCCL makes its communicators at the first
+# collective, in DeepSpeed's set-up): the training loop reports it beside the group's start.
+joined_in_s: float | None = None
+
+
 def _join_process_group(backend: str, rank: int, size: int, timeout_s: int) -> None:
+    import time
+
     from ray.train.torch.config import _setup_torch_process_group
 
+    global joined_in_s
+    began = time.perf_counter()
     _setup_torch_process_group(backend, world_rank=rank, world_size=size, init_method="env://",
                                timeout_s=timeout_s)  # fmt: skip
+    joined_in_s = time.perf_counter() - began
 
 
 def _leave_process_group(destroy: bool) -> None:

@@ -57,14 +57,14 @@ LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest chec
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint; in the
     worker pool, the trials this group takes from its queue (named by `config["queue"]`) until it is empty."""
-    entered = time.time()
+    entered, age = time.time(), process_age_s()
     pack = TrialPack.from_dict(config["pack"])
     began = time.perf_counter()
     _start_worker(pack)
     # Before the first deepspeed.initialize, so every rank creates its process groups in the same order.
     comm = HostCollectives()
     # What the worker group cost to start, charged to the first trial it trains.
-    costs = _start_costs(config, entered) | {"imports_s": time.perf_counter() - began}
+    costs = _start_costs(config, entered, age) | {"imports_s": time.perf_counter() - began}
     for trial in trials_to_train(pack, comm, config.get("queue")):
         train_trial(trial, comm, costs)
         costs = {}
@@ -106,14 +106,34 @@ class _Taker:
         return None
 
 
-def _start_costs(config: dict[str, Any], entered: float) -> dict[str, float]:
-    """How long the group took to start, from the driver's request to this worker's entry: only where the
-    two clocks are one machine's (a worker on another node would add the clocks' offset)."""
+def _start_costs(config: dict[str, Any], entered: float, process_age_s: float) -> dict[str, float]:
+    """How long the group took to start, from the driver's request to this worker's entry, and of that how
+    long until this worker's process existed (the group's controller, its placement, the process's start)
+    and how long it took to join the process group: the first two only where the two clocks are one
+    machine's (a worker on another node would add the clocks' offset)."""
     import ray
 
+    from rayb.train import backend
+
+    costs = {} if backend.joined_in_s is None else {"process_group_s": backend.joined_in_s}
     if config.get("launched_on") != ray.get_runtime_context().get_node_id():
-        return {}
-    return {"worker_start_s": entered - config["launched_at"]}
+        return costs
+    created = entered - process_age_s  # a process started before the request (reused) waited for none
+    return costs | {"worker_start_s": entered - config["launched_at"],
+                    "worker_process_s": max(0.0, created - config["launched_at"])}  # fmt: skip
+
+
+def process_age_s() -> float:
+    """How long ago this process started: from /proc to the clock tick on Linux, else psutil's start time
+    (whole seconds of boot time in it)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, AttributeError):  # no /proc, or no CLOCK_BOOTTIME (macOS)
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
 
 
 def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> None:
