@@ -28,7 +28,8 @@ Run on a machine with a CUDA device (it refuses to run without one):
 Beside each rayb MFU it prints the precision the trials trained in and the one their evaluations ran in
 (from the evaluation result files). It records the MFUs rayb reached (GPT-2 124M alone, 3.5M alone, and
 the ten packed: the GPU's MFU, all ten together) in the measurements file `rayb plan` prices models by
-(format: rayb/mfu.py; default ~/.config/rayb/measured_mfu.json, merged with what is there).
+(format: rayb/mfu.py; default ~/.config/rayb/measured_mfu.json, merged with what is there), except
+from a run under MPS: `rayb plan` prices trials as they run without it.
 
 The data is random words under a 50,257-word vocabulary, so the LM head is GPT-2's size; throughput does
 not depend on the text.
@@ -160,9 +161,11 @@ def mps_running() -> bool:
 def cuda_mps(on: bool):
     """CUDA MPS for the run where asked; yields what the run is under ("on", "off", or a daemon started
     outside the check). The daemon starts before any process of the run creates a CUDA context, so every
-    context (each Ray worker's, each eval actor's) goes through one MPS server and their kernels share the
-    GPU's multiprocessors at once. It stops at the end, a SIGTERM's included: a daemon left running would
-    put every later CUDA program on the machine under MPS."""
+    context (this process's, each Ray worker's, each eval actor's) goes through one MPS server and their
+    kernels share the GPU's multiprocessors at once. It is told to stop at the end, a SIGTERM's included (a
+    daemon left running would put every later CUDA program on the machine under MPS); it stops once its
+    clients, this process among them, have exited. Once Ray starts, its own SIGTERM handler replaces this
+    one, and it too ends the run with SystemExit."""
     running = mps_running()
     if not on:
         yield "on (a daemon started outside this check)" if running else "off"
@@ -171,18 +174,33 @@ def cuda_mps(on: bool):
         raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH (it comes with NVIDIA's driver utilities)")
     if running:
         raise SystemExit("--mps: an MPS daemon already runs here; run without --mps, which runs under it")
-    subprocess.run([MPS_CONTROL, "-d"], stdin=subprocess.DEVNULL, check=True)
     on_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        yield "on"
+        subprocess.run([MPS_CONTROL, "-d"], stdin=subprocess.DEVNULL, check=True)
+        try:
+            yield "on"
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+            _stop_mps()
     finally:
-        ask = [MPS_CONTROL]
-        servers = subprocess.run(
-            ask, input="get_server_list\n", capture_output=True, text=True
-        ).stdout.split()
-        print(f"CUDA MPS servers that ran: {', '.join(servers) or 'none: no process used MPS'}")
-        subprocess.run(ask, input="quit\n", text=True, check=True)
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _stop_mps() -> None:
+    """Name the MPS servers that ran (none means no process used MPS), then tell the daemon to quit: it
+    waits for its clients, this process among them, so the request is left to finish after this exits."""
+    try:
+        listed = subprocess.run(
+            [MPS_CONTROL], input="get_server_list\n", capture_output=True, text=True, timeout=30
+        )
+        print(f"CUDA MPS servers that ran: {', '.join(listed.stdout.split()) or 'none: no process used MPS'}")
+    except subprocess.TimeoutExpired:
+        print("CUDA MPS servers that ran: the daemon did not answer in 30 s")
+    quit_ = subprocess.Popen([MPS_CONTROL], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        quit_.communicate("quit\n", timeout=5)
+    except subprocess.TimeoutExpired:
+        print(f"CUDA MPS: the daemon stops once this process exits (else: echo quit | {MPS_CONTROL})")
 
 
 # ----- rayb --------------------------------------------------------------------------------------------
@@ -363,12 +381,10 @@ def packing_check(args, peak: float, device: str) -> list[Measurement]:
             try:
                 trials, _, training_s = run_rayb(study, out)
             except (SystemExit, KeyboardInterrupt):  # what the steps logged so far is still a measurement
-                started = out / "trials"
-                print_so_far(
-                    sorted(set(started.iterdir() if started.exists() else []) - finished), args.warmup
-                )
+                started = sorted((out / "trials").glob("*"))
+                print_so_far([trial for trial in started if trial.name not in finished], args.warmup)
                 raise
-            finished |= set(trials)
+            finished |= {trial.name for trial in trials}
             # The trials train side by side: together, the GPU's rate.
             rate = sum(median_tokens_per_s(t, args.warmup) for t in trials)
             runs[len(trials)] = (rate, training_s, precisions(trials[0]))
@@ -420,6 +436,9 @@ def main() -> None:
         print_kernels()
         sections = [SECTIONS[args.only]] if args.only else SECTIONS.values()
         measured = [m for section in sections for m in section(args, peak, device)]
+    if mps != "off":  # `rayb plan` prices trials as they run without MPS
+        print(f"\nMFU measurements not recorded: measured under CUDA MPS ({mps})")
+        return
     record_measurements(args.measured_out, measured)
     print(f"\nMFU measurements for `rayb plan --gpu {measured[0].gpu}` added to {args.measured_out}")
 

@@ -150,8 +150,8 @@ def timeline(run: dict) -> dict[str, float]:
         "data": stages["data_s"],
         "self-checks, planning": stages["self_checks_s"] + stages["planning_s"],
         # The group's start, from the driver's request: until its worker's process exists (the controller,
-        # the placement, the process's start), joining the process group, and the rest (the worker's
-        # imports, Ray Train's own set-up, waits between them).
+        # the placement, the process's creation), joining the process group, and the rest (the worker's
+        # interpreter starting and importing Ray, Ray Train and torch, Ray Train's set-up, waits).
         "group start: worker process": spent(last, "worker_process_s"),
         "group start: process group": spent(last, "process_group_s"),
         "group start: the rest": spent(last, "worker_start_s")

@@ -54,12 +54,12 @@ ASSUMED_CURVE = ((6e6, 0.1), (6e7, 0.25), (6e8, 0.6), (6e9, 1.0))
 # Measured at two points, assumed elsewhere: k small trials sharing a GPU together reach k**PACKING_EXPONENT
 # times one alone's MFU (never more than ASSUMED_CEILING). Ten seeds of gpt2-3.5m at micro-batch 4,
 # against one alone: on an H200 (2026-11-27) 362,115 tokens/s together against 247,188 (1.46×, 10**0.166);
-# on an H100 (2026-11-28) 321,372 against 248,589 (1.29×, 10**0.111). The exponent is their geometric
-# mean, far below the √k assumed here before. CUDA MPS, which lets the processes' kernels run at once
-# instead of in turns, was not the lever it seemed: on the H100 under MPS the first of the ten finished
-# 91 s after its process group formed, against 106 s without (one run each). Packing still saves
-# GPU-hours over a whole GPU per small trial, just fewer.
-PACKING_EXPONENT = 0.138
+# on an H100 (2026-11-28) 321,372 against 248,589 (1.29×, 10**0.112). The exponent is their geometric
+# mean, far below the √k assumed here before. Whether CUDA MPS (the processes' kernels at once instead
+# of in turns) raises it is not settled: on the H100 under MPS the first of the ten finished 91 s after
+# its process group formed, against 106 s without, in one run cut short before the other nine finished.
+# Packing still saves GPU-hours over a whole GPU per small trial, just fewer.
+PACKING_EXPONENT = 0.139
 NEAR = 1.5  # a measurement stands for sizes within this factor of it, beyond the measured range
 
 

@@ -242,8 +242,9 @@ def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache
     for trial in pack.trials:
         result = json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())
         assert result["status"] == "ok"
-        parts = ("worker_start_s", "worker_process_s", "process_group_s", "set_up_s", "checkpoint_s")
+        parts = ("worker_start_s", "process_group_s", "set_up_s", "checkpoint_s")
         assert all(result["timings"][part] > 0 for part in parts)
+        assert result["timings"]["worker_process_s"] >= 0  # 0 where Ray gave the worker a started process
         assert (
             result["timings"]["worker_process_s"] + result["timings"]["process_group_s"]
             < result["timings"]["worker_start_s"]
@@ -404,8 +405,8 @@ def test_worker_start_is_timed_only_against_a_clock_on_the_same_node(ray_session
 
 def test_a_process_knows_how_long_ago_it_started():
     """The age the training loop subtracts from its entry time, against the parent's clock at the start."""
-    code = "import time; from rayb.train.loop import process_age_s; print(time.time(), process_age_s())"
+    code = "import time; from rayb.train.loop import process_age_s; age = process_age_s(); print(time.time(), age)"
     began = time.time()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     now, age = (float(x) for x in out.split())
-    assert began - 0.05 <= now - age <= began + 0.5  # the child's start: just after the parent's clock read
+    assert began - 0.1 <= now - age <= began + 0.5  # the child's start: just after the parent's clock read

@@ -114,7 +114,9 @@ def _join_process_group(backend: str, rank: int, size: int, timeout_s: int) -> N
 def _leave_process_group(destroy: bool) -> None:
     from ray.train.torch.config import _shutdown_torch
 
+    global joined_in_s
     _shutdown_torch(destroy_process_group=destroy)
+    joined_in_s = None
 
 
 class CudaDevice:

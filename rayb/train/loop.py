@@ -124,8 +124,7 @@ def _start_costs(config: dict[str, Any], entered: float, process_age_s: float) -
 
 
 def process_age_s() -> float:
-    """How long ago this process started: from /proc to the clock tick on Linux, else psutil's start time
-    (whole seconds of boot time in it)."""
+    """How long ago this process started: from /proc to the clock tick on Linux, else psutil's start time."""
     try:
         fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
         started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks since boot
