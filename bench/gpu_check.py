@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import re
 import shutil
 import signal
@@ -158,14 +159,29 @@ def mps_running() -> bool:
 
 
 @contextlib.contextmanager
+def sigterm_exits():
+    """Ray started, then SIGTERM (a lease's time limit, `timeout`) made SystemExit, so that a run cut short
+    still prints what it measured and stops an MPS daemon it started. In that order because Ray's driver
+    replaces a handler set before it starts, and under Ray's own the process is killed about 3 s after the
+    signal, whatever its cleanup (the study's own, then the check's) still had to do."""
+    from rayb.runtime import init_ray
+
+    init_ray()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def cuda_mps(on: bool):
     """CUDA MPS for the run where asked; yields what the run is under ("on", "off", or a daemon started
     outside the check). The daemon starts before any process of the run creates a CUDA context, so every
     context (this process's, each Ray worker's, each eval actor's) goes through one MPS server and their
-    kernels share the GPU's multiprocessors at once. It is told to stop at the end, a SIGTERM's included (a
-    daemon left running would put every later CUDA program on the machine under MPS); it stops once its
-    clients, this process among them, have exited. Once Ray starts, its own SIGTERM handler replaces this
-    one, and it too ends the run with SystemExit."""
+    kernels share the GPU's multiprocessors at once. It is told to stop at the end, whatever ends the run
+    (a daemon left running would put every later CUDA program on the machine under MPS); it stops once its
+    clients, this process among them, have exited."""
     running = mps_running()
     if not on:
         yield "on (a daemon started outside this check)" if running else "off"
@@ -174,16 +190,15 @@ def cuda_mps(on: bool):
         raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH (it comes with NVIDIA's driver utilities)")
     if running:
         raise SystemExit("--mps: an MPS daemon already runs here; run without --mps, which runs under it")
-    on_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    subprocess.run([MPS_CONTROL, "-d"], stdin=subprocess.DEVNULL, check=True)
     try:
-        subprocess.run([MPS_CONTROL, "-d"], stdin=subprocess.DEVNULL, check=True)
-        try:
-            yield "on"
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
-            _stop_mps()
+        yield "on"
     finally:
-        signal.signal(signal.SIGTERM, on_sigterm)
+        on_sigterm = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the stop short
+        try:
+            _stop_mps()
+        finally:
+            signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _stop_mps() -> None:
@@ -427,9 +442,11 @@ def main() -> None:
         "--mps", action="store_true", help=f"run under CUDA MPS (starts and stops {MPS_CONTROL})"
     )
     args = parser.parse_args()
-    with cuda_mps(args.mps) as mps:  # before this process's first CUDA call
-        if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
+    # Asked of NVML, which makes no CUDA context: an MPS daemon must start before this process's first.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: the GPU check runs on a GPU machine")
+    with sigterm_exits(), cuda_mps(args.mps) as mps:
         device = torch.cuda.get_device_name()
         peak = peak_flops(args.peak_tflops, device)
         print(f"{device}, torch {torch.__version__}, peak {peak / 1e12:.0f} TFLOP/s (bf16), CUDA MPS {mps}")
