@@ -394,13 +394,11 @@ def test_worker_start_is_timed_only_against_a_clock_on_the_same_node(ray_session
     from rayb.train.loop import _start_costs
 
     here = ray.get_runtime_context().get_node_id()
-    started = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, process_age_s=1.5)
+    started = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, age_s=1.5)
     assert started == {"worker_start_s": 2.5, "worker_process_s": 1.0}
-    reused = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, process_age_s=9.0)
+    reused = _start_costs({"launched_at": 100.0, "launched_on": here}, entered=102.5, age_s=9.0)
     assert reused["worker_process_s"] == 0.0
-    assert (
-        _start_costs({"launched_at": 100.0, "launched_on": "f" * 56}, entered=102.5, process_age_s=1.5) == {}
-    )
+    assert _start_costs({"launched_at": 100.0, "launched_on": "f" * 56}, entered=102.5, age_s=1.5) == {}
 
 
 def test_a_process_knows_how_long_ago_it_started():

@@ -106,7 +106,7 @@ class _Taker:
         return None
 
 
-def _start_costs(config: dict[str, Any], entered: float, process_age_s: float) -> dict[str, float]:
+def _start_costs(config: dict[str, Any], entered: float, age_s: float) -> dict[str, float]:
     """How long the group took to start, from the driver's request to this worker's entry, and of that how
     long until this worker's process existed (the group's controller, its placement, the process's start)
     and how long it took to join the process group: the first two only where the two clocks are one
@@ -118,7 +118,7 @@ def _start_costs(config: dict[str, Any], entered: float, process_age_s: float) -
     costs = {} if backend.joined_in_s is None else {"process_group_s": backend.joined_in_s}
     if config.get("launched_on") != ray.get_runtime_context().get_node_id():
         return costs
-    created = entered - process_age_s  # a process started before the request (reused) waited for none
+    created = entered - age_s  # a process started before the request (reused) waited for none
     return costs | {"worker_start_s": entered - config["launched_at"],
                     "worker_process_s": max(0.0, created - config["launched_at"])}  # fmt: skip
 
