@@ -10,7 +10,10 @@ start: until its worker's process exists, joining the process group, the rest; i
 set-up, training steps, checkpoints and validation, saving, and what Ray Train spent around them: passing
 between trials, ending the group), the evaluation left after training, the report, and the exit (Ray's
 shutdown). The stack's floor (FLOOR below) is timed too: what a run on Ray Train and DeepSpeed costs with
-nothing trained, a bound on how close any such run can come.
+nothing trained, a bound on how close any such run can come. And the CPU each run spent, rayb's by kind
+of process (its driver, Train workers, eval actors, Ray Train's other actors, rayb's trial queue, Ray's
+own processes): no run ends sooner than its CPU over the machine's cores, so where that exceeds a
+target's wall, overlapping more cannot meet it and only spending less CPU can.
 
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
@@ -32,15 +35,18 @@ done and timed first, and printed apart.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,17 +94,89 @@ def stack_floor(work: Path, mode: str) -> float:
     return _timed([sys.executable, "-c", FLOOR, str(work / f"floor-{mode}"), mode])[0]
 
 
-def _timed(command: list[str], cwd: Path | None = None) -> tuple[float, str]:
+def _timed(command: list[str], meter: CpuMeter | None = None) -> tuple[float, str]:
+    """Run `command` to its end: its wall time and output. With a `meter`, the meter watches its processes."""
     began = time.perf_counter()
-    done = subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, env=os.environ | {"RAY_DEDUP_LOGS": "1"}
-    )
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=os.environ | {"RAY_DEDUP_LOGS": "1"}) as process:  # fmt: skip
+        watching = meter.watch(process) if meter else contextlib.nullcontext()
+        with watching:
+            stdout, stderr = process.communicate()
     wall = time.perf_counter() - began
-    if done.returncode:
+    if process.returncode:
         raise SystemExit(
-            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            f"{' '.join(command)} failed ({process.returncode}):\n{stdout[-3000:]}{stderr[-3000:]}"
         )
-    return wall, done.stdout
+    return wall, stdout
+
+
+# Ray titles each worker process after the actor it holds ("ray::RayTrainWorker"); its other processes
+# (the GCS, the raylet, their agents and monitors, idle workers) count as Ray's own.
+PROCESS_KINDS = {
+    "ray::RayTrainWorker": "Train workers",
+    "ray::_EvalActor": "eval actors",
+    "ray::TrainController": "Ray Train's other actors",
+    "ray::SynchronizationActor": "Ray Train's other actors",
+    "ray::_AutoscalingCoordinatorActor": "Ray Train's other actors",
+    "ray::TrialQueue": "rayb's trial queue",
+}
+DRIVER, RAY_OWN, UNSEEN = "driver (the rayb process)", "Ray's own processes", "not seen (between samples)"
+
+
+class CpuMeter:
+    """The CPU a command costs, in core-seconds: the whole machine's busy time while it runs (exact, but
+    counting whatever else runs there), and its processes' split by kind (PROCESS_KINDS), each process
+    sampled every SAMPLE_S; a process's last moments before it ends between two samples are not seen.
+    Sampling costs about 1% of a core."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._seen: dict[tuple[int, float], tuple[str, float]] = {}  # (pid, start) -> (kind, CPU so far)
+
+    @contextlib.contextmanager
+    def watch(self, process: subprocess.Popen):
+        began, done = _busy_s(), threading.Event()
+        sampler = threading.Thread(target=self._sample, args=(psutil.Process(process.pid), done))
+        sampler.start()
+        try:
+            yield
+        finally:
+            done.set()
+            sampler.join()
+            self.total = _busy_s() - began
+
+    def split(self) -> dict[str, float]:
+        """Core-seconds by kind of process, and what the samples did not see of the machine's total."""
+        kinds: dict[str, float] = {}
+        for kind, cpu in self._seen.values():
+            kinds[kind] = kinds.get(kind, 0.0) + cpu
+        return kinds | {UNSEEN: self.total - sum(kinds.values())}
+
+    def _sample(self, root: psutil.Process, done: threading.Event) -> None:
+        while not done.wait(self.SAMPLE_S):
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for proc in tree:
+                try:
+                    with proc.oneshot():
+                        title, times = (proc.cmdline() or [""])[0], proc.cpu_times()
+                        key = (proc.pid, proc.create_time())
+                except psutil.Error:  # it ended since the tree was read
+                    continue
+                kind = DRIVER if proc is root else PROCESS_KINDS.get(title.split(".")[0], RAY_OWN)
+                if kind == RAY_OWN and key in self._seen:  # an actor's process keeps its kind as it ends
+                    kind = self._seen[key][0]
+                self._seen[key] = (kind, times.user + times.system)
+
+
+def _busy_s() -> float:
+    """The machine's CPU time spent busy so far, in core-seconds (time stolen by a hypervisor is not)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 def study_file(work: Path, name: str, seeds: int, width: int) -> Path:
@@ -115,7 +193,8 @@ def study_file(work: Path, name: str, seeds: int, width: int) -> Path:
 def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
     """`rayb run` as a user runs it, on a copy of an already built token cache; its wall time and trials."""
     shutil.copytree(cache_from, out / "cache")
-    wall, _ = _timed([sys.executable, "-m", "rayb.cli", "run", str(study), "--output", str(out)])
+    meter = CpuMeter()
+    wall, _ = _timed([sys.executable, "-m", "rayb.cli", "run", str(study), "--output", str(out)], meter)
     ended = time.time()
     (study_dir,) = (out / "studies").iterdir()
     trials = [json.loads(p.read_text()) for p in sorted((out / "trials").glob("*/train_result.json"))]
@@ -123,13 +202,15 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
     stages = json.loads(timings.read_text())
     groups = stages.pop("groups_at_once")
     return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups,
-            "exit_s": ended - timings.stat().st_mtime}  # fmt: skip
+            "exit_s": ended - timings.stat().st_mtime, "cpu": meter.total, "cpu_split": meter.split()}  # fmt: skip
 
 
-def plain_loop(study_dir: Path, threads: int) -> float:
+def plain_loop(study_dir: Path, threads: int) -> dict:
+    """The plain loop over the study's trials: its wall time and CPU (core-seconds)."""
+    meter = CpuMeter()
     wall, _ = _timed([sys.executable, str(ROOT / "bench" / "reverse_test.py"), str(study_dir), "--all-seeds",
-                      "--threads", str(threads)])  # fmt: skip
-    return wall
+                      "--threads", str(threads)], meter)  # fmt: skip
+    return {"wall_s": wall, "cpu": meter.total}
 
 
 def timeline(run: dict) -> dict[str, float]:
@@ -177,41 +258,60 @@ def _trial_s(trial: dict) -> float:
     return trial["wall_s"] + sum(timings.get(p, 0.0) for p in PARTS if p != "worker_start_s")
 
 
-def report(repeats: dict[int, list[tuple[dict, float]]]) -> None:
+def report(repeats: dict[int, list[tuple[dict, dict]]], cores: int) -> None:
     """The timeline of each seed count beside the plain loop's wall (each the median over the repeated
     pairs of runs; the ratio is the median pair's), then the cost of one more trial and the study's fixed
-    cost (a line through the two largest seed counts)."""
+    cost (a line through the two largest seed counts), and the CPU both spent (see cpu_report)."""
     seeds = sorted(repeats)
     runs = {n: _median([p[0] for p in repeats[n]], key=lambda run: run["wall_s"]) for n in seeds}
-    plain = {n: _median([p[1] for p in repeats[n]]) for n in seeds}
+    plain = {n: _median([p[1] for p in repeats[n]], key=lambda run: run["wall_s"]) for n in seeds}
     paths = {n: timeline(runs[n]) for n in seeds}
-    width = 32
-
-    def row(label: str, values: list[str]) -> None:
-        print(f"{label:<{width}}" + "".join(f"{v:>12}" for v in values))
 
     print()
-    row("critical path (s)", [f"{n} seed{'s' * (n > 1)}" for n in seeds])
+    _row("critical path (s)", [f"{n} seed{'s' * (n > 1)}" for n in seeds])
     for part in paths[seeds[0]]:
-        row("  " + part, [f"{paths[n][part]:.1f}" for n in seeds])
-    row("rayb, whole process", [f"{runs[n]['wall_s']:.1f}" for n in seeds])
-    row("plain loop, whole process", [f"{plain[n]:.1f}" for n in seeds])
-    ratios = {n: [run["wall_s"] / wall for run, wall in repeats[n]] for n in seeds}
-    row("rayb / plain loop", [f"{_median(ratios[n]):.2f}×" for n in seeds])
+        _row("  " + part, [f"{paths[n][part]:.1f}" for n in seeds])
+    _row("rayb, whole process", [f"{runs[n]['wall_s']:.1f}" for n in seeds])
+    _row("plain loop, whole process", [f"{plain[n]['wall_s']:.1f}" for n in seeds])
+    ratios = {n: [run["wall_s"] / loop["wall_s"] for run, loop in repeats[n]] for n in seeds}
+    _row("rayb / plain loop", [f"{_median(ratios[n]):.2f}×" for n in seeds])
     if any(len(pairs) > 1 for pairs in repeats.values()):
         print("  each pair of runs (the median above):")
         for n in seeds:
             print(f"    {n} seed{'s' * (n > 1)}: " + ", ".join(f"{ratio:.2f}×" for ratio in ratios[n]))
-    row("target", [f"≤ {TARGETS.get(n, 1.15):.2f}×" for n in seeds])
-    row("worker groups at once", [str(runs[n]["groups"]) for n in seeds])
+    _row("target", [f"≤ {_target(n):.2f}×" for n in seeds])
+    _row("worker groups at once", [str(runs[n]["groups"]) for n in seeds])
+    cpu_report(seeds, runs, plain, cores)
     if len(seeds) >= 2:
         a, b = seeds[-2:]
         slope = (runs[b]["wall_s"] - runs[a]["wall_s"]) / (b - a)
-        plain_slope = (plain[b] - plain[a]) / (b - a)
+        plain_slope = (plain[b]["wall_s"] - plain[a]["wall_s"]) / (b - a)
         fixed = runs[b]["wall_s"] - slope * b
         print(f"\none more trial: rayb {slope:.1f} s, plain loop {plain_slope:.1f} s: "
               f"{slope / plain_slope:.2f}× (target ≤ 1.1×)")  # fmt: skip
         print(f"a study's fixed cost: {fixed:.1f} s (target ≤ 15 s)")
+
+
+def cpu_report(seeds: list[int], runs: dict[int, dict], plain: dict[int, dict], cores: int) -> None:
+    """The CPU each run spent, rayb's by kind of process: a run cannot end sooner than its CPU over the
+    machine's cores, so where that bound exceeds the target's wall, only spending less CPU meets it."""
+    print()
+    _row("CPU (core-seconds)", [f"{n} seed{'s' * (n > 1)}" for n in seeds])
+    kinds = [DRIVER, *dict.fromkeys(PROCESS_KINDS.values()), RAY_OWN, UNSEEN]
+    for kind in kinds:
+        _row("  " + kind, [f"{runs[n]['cpu_split'].get(kind, 0.0):.1f}" for n in seeds])
+    _row("rayb, in all", [f"{runs[n]['cpu']:.1f}" for n in seeds])
+    _row("plain loop, in all", [f"{plain[n]['cpu']:.1f}" for n in seeds])
+    _row(f"rayb's CPU / {cores} cores (s)", [f"{runs[n]['cpu'] / cores:.1f}" for n in seeds])
+    _row("the target's wall (s)", [f"{_target(n) * plain[n]['wall_s']:.1f}" for n in seeds])
+
+
+def _row(label: str, values: list[str]) -> None:
+    print(f"{label:<34}" + "".join(f"{v:>12}" for v in values))
+
+
+def _target(seeds: int) -> float:
+    return TARGETS.get(seeds, 1.15)
 
 
 def _median(items: list, key=None):
@@ -268,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeats):
             run = rayb_run(study, work / f"seeds{n}-{i}", work / "prep" / "cache")
             repeats.setdefault(n, []).append((run, plain_loop(run["study_dir"], threads)))
-    report(repeats)
+    report(repeats, threads)
 
     if args.smoke:
         wall, _ = _timed(
