@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -302,6 +303,31 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] in ([8], [16])
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
     assert resumed == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+
+
+def test_a_run_registers_with_the_pools_queue_without_the_queue_importing_ray_train(ray_session):
+    """Each group's run registers its controller with the pool's queue as it starts, and waits for it
+    (trainer.PoolCleaner). An actor handle, unpickled, imports its class's module: the controller's would
+    bring Ray Train, Ray Data and pandas into the queue's process (0.3 s or more of every pool's first group
+    start). The handle goes pickled, and the queue unpickles it only to end the run. Here the cleaner itself
+    stands in for the controller: its module, rayb.train.trainer, imports Ray Train."""
+    import psutil
+    import ray
+    from ray._private.state import actors
+
+    from rayb.train.trainer import PoolCleaner
+    from rayb.tune.group import TrialQueue
+
+    name = f"queue-{uuid.uuid4().hex[:8]}"
+    queue = ray.remote(TrialQueue).options(name=name, num_cpus=0).remote({})
+    controller = ray.remote(PoolCleaner).options(num_cpus=0).remote(name)
+    ray.get(controller.after_controller_start.remote(None))
+    process = psutil.Process(actors(queue._actor_id.hex())["Pid"])
+    assert not [m.path for m in process.memory_maps() if "/pandas/" in m.path]
+    ray.get(queue.stop.remote())  # ends the registered run: the handle, unpickled, still kills
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(controller.after_controller_finish.remote(None))
+    ray.kill(queue)
 
 
 class _Stopped(Exception):

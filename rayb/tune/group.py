@@ -35,13 +35,14 @@ class TrialQueue:
     def __init__(self, queues: dict[str, list[str]]):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
-        self.controllers: dict[str, object] = {}  # {controller actor id: its handle}, while its run lasts
+        self.controllers: dict[str, bytes] = {}  # {controller actor id: its handle, pickled} while it runs
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
         self._watcher: threading.Thread | None = None
 
-    def started(self, controller: str, handle) -> None:
-        """A run's controller has started: ended at once if the pool has stopped, else when it stops."""
+    def started(self, controller: str, handle: bytes) -> None:
+        """A run's controller has started (`handle`: its actor handle, pickled): ended at once if the pool
+        has stopped, else when it stops."""
         self.controllers[controller] = handle
         if self.stopping:
             self._end(controller)
@@ -59,7 +60,7 @@ class TrialQueue:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        ray.kill(self.controllers.pop(controller))
+        ray.kill(ray.cloudpickle.loads(self.controllers.pop(controller)))
         if (group := self.watched.pop(controller, None)) is not None:
             remove_placement_group(group)
 
