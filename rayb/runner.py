@@ -28,7 +28,7 @@ from rayb import lock, pinned, storage
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
 from rayb.eval.actors import EvalJob, EvalPool, read_result
-from rayb.eval.registry import parse_suite
+from rayb.eval.registry import PRIMARY_SUITE, parse_suite
 from rayb.files import read_json, write_json_atomic
 from rayb.lock import study_lock, trial_claims
 from rayb.models.pretrained import Checkpoint, hub_checkpoint
@@ -36,7 +36,6 @@ from rayb.models.spec import PRETRAINED_ARCH, CheckpointRef
 from rayb.results import RESULTS_NAME, ResultRow, write_results
 from rayb.stages import TIMINGS, Stages
 from rayb.study import (
-    PRIMARY_SUITE,
     RAY_LOG,
     Study,
     StudyError,

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from rayb import storage
 from rayb.analysis.spec import SeedRoundsSpec, VerdictSpec, significance_rule
 from rayb.data.spec import DataSpec
-from rayb.eval.registry import BENCHMARKS, check_suite_argument, make_options, parse_suite
+from rayb.eval.registry import BENCHMARKS, PRIMARY_SUITE, check_suite_argument, make_options, parse_suite
 from rayb.files import digest
 from rayb.models.spec import ChecksSpec, ModelSpec
 from rayb.spec import Spec, added_field
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from rayb.models.accounting import Cost
 
 STUDY_FORMAT_VERSION = 1
-PRIMARY_SUITE = "lm"  # measures val_loss on the held-out rows: what every verdict compares
 
 
 class StudyError(ValueError):

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rayb import storage
-from rayb.eval.registry import job_argument, make_options, parse_suite, result_name
+from rayb.eval.registry import PRIMARY_SUITE, job_argument, make_options, parse_suite, result_name
 from rayb.eval.scoring import describe_evaluation_precision, evaluation_autocast
 from rayb.files import digest, read_json, write_json_atomic
 from rayb.gpu_share import cap_gpu_memory
-from rayb.study import PRIMARY_SUITE
 from rayb.train.trial import TrialSpec
 
 EVAL_DIR = "eval"

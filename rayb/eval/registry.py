@@ -77,6 +77,8 @@ class Benchmark:
     decodes: bool = False
 
 
+PRIMARY_SUITE = "lm"  # measures val_loss on the held-out rows: what every verdict compares
+
 BENCHMARKS: Registry[Benchmark] = Registry(
     "eval suite",
     builtins=dict(
