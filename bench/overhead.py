@@ -2,7 +2,7 @@
 
 rayb trains through Ray Train and DeepSpeed, then evaluates and reports. The plain loop is
 rayb's reverse test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule,
-scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
+validating where the trial did and scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
 only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (data preparation is timed
 on its own, from nothing). For each, a timeline splits rayb's critical path: the process's own start
 and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its

@@ -4,8 +4,10 @@ rayb trains through Ray Tune, Ray Train and DeepSpeed. This script trains the sa
 one process with none of that: the same transformers GPT-2 built from the trial's recorded config,
 initialised under the same seed, fed the same token rows in the same order, for the same steps, with
 the same AdamW, weight decay, clipping and warmup + cosine schedule (written out again here, not
-imported). It then scores all validation rows the way rayb's `lm` suite does and checks that rayb's
-validation loss lies within ±tolerance of the reference's.
+imported). It validates where the trial did (every `eval_every` steps, at the end and at each epoch's
+end, on `eval_batches` micro-batches of evenly spaced validation rows), then scores all validation rows
+the way rayb's `lm` suite does, and checks that rayb's validation losses, interim and final, lie within
+±tolerance of the reference's.
 
 Nothing from rayb's training stack is imported: the token files are read with np.memmap, the batch
 order, schedule and parameter groups are written from their definitions, and every step's rows are
@@ -82,15 +84,16 @@ def _study_entry(study_dir: Path, model: str) -> dict[str, Any]:
     return next((m for m in models if (m.get("name") or m.get("arch")) == model), {})
 
 
-def read_metrics(trial_dir: Path) -> list[dict[str, Any]]:
-    """rayb's per-step train records; a step logged twice (around a resume) keeps its last line."""
+def read_metrics(trial_dir: Path, kind: str = "train") -> list[dict[str, Any]]:
+    """rayb's records of one kind ("train": one per step; "val": each interim validation), in step order;
+    a step logged twice (around a resume) keeps its last line."""
     latest: dict[int, dict[str, Any]] = {}
     for line in (trial_dir / "metrics.jsonl").read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a crash
             continue
-        if record["kind"] == "train":
+        if record["kind"] == kind:
             latest[record["step"]] = record
     return [latest[s] for s in sorted(latest)]
 
@@ -201,9 +204,11 @@ def next_token_nll(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def train_reference(
-    trial: dict[str, Any], train_rows: np.ndarray, manifest: dict[str, Any], log_every: int = 0
-):
-    """Train GPT-2 as rayb's trial did; returns the model and per-step loss, lr, grad norm, digest."""
+    trial: dict[str, Any], train_rows: np.ndarray, val_rows: np.ndarray, manifest: dict[str, Any],
+    log_every: int = 0,
+):  # fmt: skip
+    """Train GPT-2 as rayb's trial did; returns the model and per-step loss, lr, grad norm, digest, and the
+    interim validation losses ("val": {step: loss}) where rayb's trial validated."""
     t, steps = trial["train"], trial["steps"]
     if t["optimizer"] != "adamw":
         raise SystemExit(f"the reference trains with AdamW only; the trial used {t['optimizer']}")
@@ -219,7 +224,8 @@ def train_reference(
     optimizer = torch.optim.AdamW(
         param_groups(model, t["weight_decay"]), lr=trial["lr"], betas=tuple(t["betas"]), eps=1e-8
     )
-    history: dict[str, list] = {"loss": [], "lr": [], "grad_norm": [], "digest": []}
+    history: dict[str, Any] = {"loss": [], "lr": [], "grad_norm": [], "digest": [], "val": {}}
+    interim = val_rows[interim_rows(len(val_rows), t["eval_batches"] * micro_batch)]
     model.train()
     for step in range(steps):
         lr = learning_rate(step, trial["lr"], steps, t["warmup_steps"], t["schedule"], t["min_lr_ratio"])
@@ -243,9 +249,19 @@ def train_reference(
         history["lr"].append(lr)
         history["grad_norm"].append(grad_norm)
         history["digest"].append(batch_digest(rows))
+        epoch_end = t.get("epochs", 1) > 1 and (step + 1) % batches_per_epoch == 0
+        if (step + 1) % t["eval_every"] == 0 or step + 1 == steps or epoch_end:
+            history["val"][step + 1] = validation_loss(model, interim, micro_batch)
+            model.train()
         if log_every and (step + 1) % log_every == 0:
             print(f"  step {step + 1}/{steps}  loss {loss_sum / n_micro:.4f}  lr {lr:.3g}", flush=True)
     return model, history
+
+
+def interim_rows(total: int, n: int) -> np.ndarray:
+    """The validation rows an interim validation scores: `n` of the `total`, evenly spaced from the first
+    to the last and rounded to the nearest row (every row where n ≥ total)."""
+    return np.linspace(0, total - 1, n).round().astype(np.int64) if n < total else np.arange(total)
 
 
 @torch.no_grad()
@@ -263,8 +279,13 @@ def compare(trial: dict[str, Any], cache_dir: Path, tolerance: float, log_every:
     rayb_log = read_metrics(trial["trial_dir"])
     manifest = json.loads((cache_dir / "manifest.json").read_text())
     began = time.perf_counter()
-    model, ref = train_reference(trial, open_split(cache_dir, "train"), manifest, log_every)
-    ref_val = validation_loss(model, open_split(cache_dir, "val"))
+    val_rows = open_split(cache_dir, "val")
+    model, ref = train_reference(trial, open_split(cache_dir, "train"), val_rows, manifest, log_every)
+    ref_val = validation_loss(model, val_rows)
+    rayb_interim = {r["step"]: r["val_loss"] for r in read_metrics(trial["trial_dir"], "val")}
+    same_validations = sorted(rayb_interim) == sorted(ref["val"])
+    interim_gap = max((abs(rayb_interim[s] / ref["val"][s] - 1) for s in rayb_interim if s in ref["val"]),
+                      default=math.nan)  # fmt: skip
 
     n = min(len(rayb_log), len(ref["loss"]))
     rayb_loss = [r["loss"] for r in rayb_log]
@@ -272,7 +293,7 @@ def compare(trial: dict[str, Any], cache_dir: Path, tolerance: float, log_every:
     same_batches = len(rayb_log) == trial["steps"] and all(
         r.get("batch_digest") == d for r, d in zip(rayb_log, ref["digest"], strict=False)
     )
-    passed = abs(ratio - 1) <= tolerance and same_batches
+    passed = abs(ratio - 1) <= tolerance and same_batches and same_validations and interim_gap <= tolerance
     return {
         "seed": trial["seed"],
         "lr": trial["lr"],
@@ -285,6 +306,8 @@ def compare(trial: dict[str, Any], cache_dir: Path, tolerance: float, log_every:
         "tolerance": tolerance,
         "passed": passed,
         "same_batches": same_batches,
+        "same_validations": same_validations,  # rayb validated at the steps its settings name
+        "max_val_loss_rel_diff": interim_gap,  # over the interim validations
         "rayb_final_train_loss": float(np.mean(rayb_loss[-TAIL:])),
         "ref_final_train_loss": float(np.mean(ref["loss"][-TAIL:])),
         # Diagnostics: where along the run the two agree, step by step.
@@ -309,8 +332,9 @@ def reverse_test(
     log_every: int = 0,
 ) -> list[dict[str, Any]]:
     """Retrain the study's `model` trials (the lowest seed by default; a list of seeds, or "all"; every
-    learning rate of those seeds) with the reference loop; one result per trial, each with `passed`: |rayb val loss / reference − 1| ≤ tolerance
-    and identical batch digests at every step."""
+    learning rate of those seeds) with the reference loop; one result per trial, each with `passed`: |rayb val
+    loss / reference − 1| ≤ tolerance, the final one and each interim one (at the same steps), and identical
+    batch digests at every step."""
     if threads:
         torch.set_num_threads(threads)
     study_dir = Path(study_dir)
@@ -340,7 +364,9 @@ def print_table(results: list[dict[str, Any]], model: str) -> None:
         loss0, norm0 = r["first_step_loss"], r["first_step_grad_norm"]
         print(f"seed {r['seed']}: step-1 loss {loss0[0]:.6f} vs {loss0[1]:.6f}, grad norm "
               f"{norm0[0]:.6f} vs {norm0[1]:.6f}; largest per-step train-loss gap "
-              f"{r['max_train_loss_rel_diff']:.2%}; reference trained in {r['ref_wall_s']:.0f}s")  # fmt: skip
+              f"{r['max_train_loss_rel_diff']:.2%}; interim validations at "
+              f"{'the same steps' if r['same_validations'] else 'DIFFERENT steps'}, largest val-loss gap "
+              f"{r['max_val_loss_rel_diff']:.2%}; reference trained in {r['ref_wall_s']:.0f}s")  # fmt: skip
     print("(train = mean loss of the last 10 steps)")
 
 

@@ -17,6 +17,7 @@ from rayb.data import held_out
 from rayb.data.cache import TokenCache, micro_batch_rows, row_digest
 from rayb.eval.lm import evaluate_lm
 from rayb.train.loop import param_groups as rayb_param_groups
+from rayb.train.loop import validation_rows as rayb_validation_rows
 from rayb.train.schedule import lr_multiplier
 
 _spec = importlib.util.spec_from_file_location(
@@ -125,6 +126,12 @@ def test_validation_loss_equals_rayb_lm_suite(tmp_path):
     assert ours == pytest.approx(evaluate_lm(model, TokenCache(cache))["val_loss"], rel=1e-6)
     assert ours == pytest.approx(rt.validation_loss(model, val, batch_size=5), rel=1e-6)
     assert math.log(64) * 0.8 < ours < math.log(64) * 1.2  # an untrained model is near uniform
+
+
+@pytest.mark.parametrize("total,n", [(1000, 128), (21, 16), (7, 3), (16, 16), (5, 128)])
+def test_interim_validation_rows_equal_rayb_s(total, n):
+    assert np.array_equal(rt.interim_rows(total, n), rayb_validation_rows(total, n))
+    assert len(rt.interim_rows(total, n)) == min(total, n)
 
 
 def test_find_cache_picks_the_cache_holding_the_trials_batches(tmp_path):
