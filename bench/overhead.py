@@ -1,19 +1,20 @@
 """What orchestration costs: rayb against a plain single-process loop doing the same training, in one run.
 
-rayb trains through Ray Train and DeepSpeed, then evaluates and reports. The plain loop is
-rayb's reverse test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule,
-validating where the trial did and scoring the held-out rows at the end. Both are timed as whole processes, on the smoke study's gpt2 with
-only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (data preparation is timed
-on its own, from nothing). For each, a timeline splits rayb's critical path: the process's own start
-and imports, Ray's start, data, self-checks and planning, then the worker group that finished last (its
-start: until its worker's process exists, joining the process group, the rest; its imports, each trial's
-set-up, training steps, checkpoints and validation, saving, and what Ray Train spent around them: passing
-between trials, ending the group), the evaluation left after training, the report, and the exit (Ray's
-shutdown). The stack's floor (FLOOR below) is timed too: what a run on Ray Train and DeepSpeed costs with
-nothing trained, a bound on how close any such run can come. And the CPU each run spent, rayb's by kind
-of process (its driver, Train workers, eval actors, Ray Train's other actors, rayb's trial queue, Ray's
-own processes): no run ends sooner than its CPU over the machine's cores, so where that exceeds a
-target's wall, overlapping more cannot meet it and only spending less CPU can.
+rayb trains through Ray Train and DeepSpeed, then evaluates and reports. The plain loop is rayb's reverse
+test (bench/reverse_test.py): one process, the same model, rows, optimizer and schedule, validating where
+the trial did and scoring the held-out rows at the end. Both are timed as whole processes, on the smoke
+study's gpt2 with only the `lm` suite, for 1, 3 and 10 seeds, from a token cache already built (data
+preparation is timed on its own, from nothing). For each, a timeline splits rayb's critical path: the
+process's own start and imports, Ray's start, data, self-checks and planning, then the worker group that
+finished last (its start: until its worker's process exists, joining the process group, the rest; its
+imports, each trial's set-up, training steps, checkpoints and validation, saving, and what Ray Train
+spent around them: passing between trials, ending the group), the evaluation left after training, the
+report, and the exit (Ray's shutdown). The stack's floor (FLOOR below) is timed too: what a run on Ray
+Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come. And the CPU
+each run spent, rayb's by kind of process (its driver, Train workers, eval actors, Ray Train's other
+actors, rayb's trial queue, Ray's own processes): no run ends sooner than its CPU over the machine's
+cores, so where that exceeds a target's wall, overlapping more cannot meet it and only spending less CPU
+can.
 
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
@@ -99,8 +100,7 @@ def _timed(command: list[str], meter: CpuMeter | None = None) -> tuple[float, st
     began = time.perf_counter()
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=os.environ | {"RAY_DEDUP_LOGS": "1"}) as process:  # fmt: skip
-        watching = meter.watch(process) if meter else contextlib.nullcontext()
-        with watching:
+        with meter.watch(process) if meter else contextlib.nullcontext():
             stdout, stderr = process.communicate()
     wall = time.perf_counter() - began
     if process.returncode:
@@ -202,7 +202,8 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
     stages = json.loads(timings.read_text())
     groups = stages.pop("groups_at_once")
     return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups,
-            "exit_s": ended - timings.stat().st_mtime, "cpu": meter.total, "cpu_split": meter.split()}  # fmt: skip
+            "exit_s": ended - timings.stat().st_mtime,
+            "cpu": meter.total, "cpu_split": meter.split()}  # fmt: skip
 
 
 def plain_loop(study_dir: Path, threads: int) -> dict:

@@ -332,9 +332,9 @@ def reverse_test(
     log_every: int = 0,
 ) -> list[dict[str, Any]]:
     """Retrain the study's `model` trials (the lowest seed by default; a list of seeds, or "all"; every
-    learning rate of those seeds) with the reference loop; one result per trial, each with `passed`: |rayb val
-    loss / reference − 1| ≤ tolerance, the final one and each interim one (at the same steps), and identical
-    batch digests at every step."""
+    learning rate of those seeds) with the reference loop; one result per trial, each with `passed`:
+    |rayb val loss / reference − 1| ≤ tolerance, the final one and each interim one (at the same steps),
+    and identical batch digests at every step."""
     if threads:
         torch.set_num_threads(threads)
     study_dir = Path(study_dir)

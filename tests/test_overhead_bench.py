@@ -35,7 +35,8 @@ def test_the_cpu_meter_splits_a_run_by_the_kind_of_each_process(tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(
         "import subprocess, sys\n"
-        f"subprocess.run(['bash', '-c', 'exec -a ray::RayTrainWorker.train_fn {sys.executable} {burn} 1.0'])\n"
+        "subprocess.run(['bash', '-c', "
+        f"'exec -a ray::RayTrainWorker.train_fn {sys.executable} {burn} 1.0'])\n"
         f"subprocess.run([sys.executable, {str(burn)!r}, '0'])\n"  # an untitled helper, briefly
         + BURN.replace("float(sys.argv[1])", "0.5")
     )

@@ -313,7 +313,6 @@ def test_a_run_registers_with_the_pools_queue_without_the_queue_importing_ray_tr
     stands in for the controller: its module, rayb.train.trainer, imports Ray Train."""
     import psutil
     import ray
-    from ray._private.state import actors
 
     from rayb.train.trainer import PoolCleaner
     from rayb.tune.group import TrialQueue
@@ -322,7 +321,8 @@ def test_a_run_registers_with_the_pools_queue_without_the_queue_importing_ray_tr
     queue = ray.remote(TrialQueue).options(name=name, num_cpus=0).remote({})
     controller = ray.remote(PoolCleaner).options(num_cpus=0).remote(name)
     ray.get(controller.after_controller_start.remote(None))
-    process = psutil.Process(actors(queue._actor_id.hex())["Pid"])
+    (pid,) = [a["Pid"] for a in session_actors("TrialQueue") if a["ActorID"] == queue._actor_id.hex()]
+    process = psutil.Process(pid)
     assert not [m.path for m in process.memory_maps() if "/pandas/" in m.path]
     ray.get(queue.stop.remote())  # ends the registered run: the handle, unpickled, still kills
     with pytest.raises(ray.exceptions.RayActorError):

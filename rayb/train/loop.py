@@ -124,7 +124,8 @@ def _start_costs(config: dict[str, Any], entered: float, age_s: float) -> dict[s
 
 
 def process_age_s() -> float:
-    """How long ago this process started: from /proc to the clock tick on Linux, else psutil's start time."""
+    """How long ago this process started: from /proc to the clock tick on Linux (psutil's start time counts
+    from a boot time in whole seconds), else psutil's start time."""
     try:
         fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
         started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks since boot
