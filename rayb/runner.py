@@ -223,7 +223,8 @@ def run_study(
         if study.trained_models and not eval_only:
             if why := unfittable(study.train, capacity):
                 raise StudyError(f"train: {why}")
-            start_train_services()
+            if not runtime.private_instance():  # else no autoscaler serves it (trainer.UnservedScalingPolicy)
+                start_train_services()
         stages.end("ray_start")
         log("preparing data (tokenize, pack, mix) ...")
         cache = prepare_data(study.data, storage.join(out, "cache"), progress=log)

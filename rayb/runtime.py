@@ -110,6 +110,16 @@ def _quiet_driver(log_file: Path) -> None:
     DataContext.get_current().enable_progress_bars = False
 
 
+def private_instance() -> bool:
+    """Whether the Ray this driver uses is the private local instance it started (`init_ray` without
+    RAY_ADDRESS): one fixed node, which no autoscaler serves. A driver that connects to a cluster (RAY_ADDRESS,
+    `ray job submit`) starts no node of its own."""
+    import ray
+
+    node = ray._private.worker._global_node  # not public API: the node this driver started, or joined
+    return bool(node is not None and node.head)
+
+
 def session_logs() -> str:
     """Where this Ray session keeps its processes' logs (on each node of a cluster)."""
     import ray

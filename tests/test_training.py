@@ -48,9 +48,18 @@ def _trial(tiny_cache, out: Path, arch_index: int, num_workers: int, **train) ->
     )
 
 
+def _alive_coordinators() -> int:
+    return len([a for a in session_actors("_AutoscalingCoordinatorActor") if a["State"] == "ALIVE"])
+
+
 @pytest.fixture(scope="module")
-def runs(tiny_cache, tmp_path_factory):
+def trained(tiny_cache, tmp_path_factory):
+    """The runs below, and how many of Ray Train's autoscaling coordinators were alive after each kind of
+    run: one that asks an autoscaler for its workers, and one that does not."""
+    import ray
     from strict_collectives import strict_train_loop
+
+    from rayb.train.trainer import start_train_services
 
     out = tmp_path_factory.mktemp("train")
     one_worker = {
@@ -64,11 +73,22 @@ def runs(tiny_cache, tmp_path_factory):
     # One worker group trains these one after another, as a study's pack does: each builds its own model,
     # optimizer and engine.
     pack_trainer(TrialPack(tuple(trial for _, trial in one_worker.values()))).fit()
-    # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node.
+    # That run asked for its workers through the coordinator start_train_services starts early (or found).
+    start_train_services()
+    coordinators = {"after a run that asks": _alive_coordinators()}
+    ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
+    # Two workers whose default group refuses rayb's CPU tensors, as NCCL does on a GPU node; a run that
+    # asks no autoscaler, as on rayb's private instance.
     two_workers = _trial(tiny_cache, out / "w2", 0, 2)
-    pack_trainer(TrialPack((two_workers[1],)), loop=strict_train_loop).fit()
+    pack_trainer(TrialPack((two_workers[1],)), loop=strict_train_loop, requests_resources=False).fit()
+    coordinators["after a run that does not"] = _alive_coordinators()
     runs = one_worker | {("gpt2", 2): two_workers}
-    return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
+    return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}, coordinators
+
+
+@pytest.fixture(scope="module")
+def runs(trained):
+    return trained[0]
 
 
 def test_ray_trains_controller_imports_no_torch(tiny_cache, tmp_path):
@@ -126,14 +146,21 @@ def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     assert not started & {"DatasetManager", "PlacementGroupCleaner"}, sorted(started)
 
 
-def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(runs):
+def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(trained):
     """trainer.start_train_services starts Ray Train's autoscaling coordinator before any run needs it: after
-    the runs above, the cluster has that one coordinator, not a second one of Ray Train's own."""
-    from rayb.train.trainer import start_train_services
+    a run that asked for its workers, the cluster has that one coordinator, not a second one of Ray Train's
+    own."""
+    assert trained[1]["after a run that asks"] == 1
 
-    start_train_services()
-    coordinators = [a for a in session_actors("_AutoscalingCoordinatorActor") if a["State"] == "ALIVE"]
-    assert len(coordinators) == 1
+
+def test_a_run_that_asks_no_autoscaler_starts_no_coordinator(trained):
+    """On rayb's private instance no autoscaler serves resource requests (runtime.private_instance): its
+    runs send none, and Ray Train's coordinator, one more process beside the training steps, never
+    starts."""
+    from rayb import runtime
+
+    assert runtime.private_instance()  # the suite's Ray is one rayb started
+    assert trained[1]["after a run that does not"] == 0
 
 
 def _digests(trial_dir: Path) -> list[int]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from rayb.train.backend import TorchGroup
@@ -76,6 +77,19 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
             self.controller = None
 
 
+class UnservedScalingPolicy(FixedScalingPolicy):
+    """Ray Train's policy for a fixed worker group, less its resource requests: where no autoscaler serves
+    them (rayb's private local instance), they would only keep Ray Train's autoscaling coordinator alive,
+    an actor process of its own that wakes a hundred times a second beside the training steps (on 2 cores
+    each idle actor process slowed a small model's steps by about 1%)."""
+
+    def after_controller_start(self, train_run_context) -> None:
+        pass  # Ray Train's registers the run's resources with the coordinator, starting it if need be
+
+    def _maybe_send_resource_request(self) -> None:
+        pass
+
+
 class PackTrainer(DataParallelTrainer):
     """A TorchTrainer's run (torch's process group, from train/backend.py), with less to start: each run of
     Ray Train also starts a DatasetManager actor, a process of its own, and sends every worker Ray Data's
@@ -83,11 +97,18 @@ class PackTrainer(DataParallelTrainer):
     a run start Ray Train's placement-group cleaner, a detached actor per run that asks the dashboard's
     State API about its controller every second (rayb starts no local dashboard; without one the cleaner
     only logs that it cannot ask). A run of the pool (`queue`: its TrialQueue actor's name) has the queue
-    clean up after it (PoolCleaner); a run outside the pool (a test's single pack) has no cleaner."""
+    clean up after it (PoolCleaner); a run outside the pool (a test's single pack) has no cleaner. Without
+    `requests_resources` a run asks no autoscaler for its workers (UnservedScalingPolicy)."""
 
-    def __init__(self, *args, queue: str | None = None, **kwargs):
-        self.queue = queue
+    def __init__(self, *args, queue: str | None = None, requests_resources: bool = True, **kwargs):
+        self.queue, self.requests_resources = queue, requests_resources
         super().__init__(*args, **kwargs)
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs):
+        policy = controller_init_kwargs["scaling_policy"]
+        if not self.requests_resources and type(policy) is FixedScalingPolicy:  # rayb's groups are fixed
+            controller_init_kwargs["scaling_policy"] = UnservedScalingPolicy(self.scaling_config)
+        return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     def _create_default_callbacks(self):
         dropped = (DatasetsCallback, PlacementGroupCleanerCallback)
@@ -100,11 +121,13 @@ def pack_trainer(
     loop: Callable[[dict[str, Any]], None] | None = None,
     one_node: bool = True,
     queue: str | None = None,
+    requests_resources: bool = True,
 ) -> PackTrainer:
     """The Ray Train trainer whose `.fit()` trains a pack's trials on one worker group, or with a `queue`
     (the pool's TrialQueue actor, by name) the trials the group takes from it: on a single node where
-    `one_node` (packs.one_node), else across nodes. `loop` is the per-worker function (rayb's by default;
-    a test may wrap it)."""
+    `one_node` (packs.one_node), else across nodes; asking the cluster's autoscaler for its workers where
+    `requests_resources` (an autoscaler may serve the cluster: not on runtime.private_instance()). `loop`
+    is the per-worker function (rayb's by default; a test may wrap it)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
@@ -114,6 +137,7 @@ def pack_trainer(
     return PackTrainer(
         loop or train_on_worker,
         queue=queue,
+        requests_resources=requests_resources,
         # When, and on which node, the driver asked for the group: the loop reports how long the group
         # took to start (a worker on another node reports nothing: its clock is another machine's).
         train_loop_config={
@@ -140,9 +164,9 @@ def pack_trainer(
 
 
 def start_train_services() -> None:
-    """Start, without waiting for it, the actor that Ray Train's runs share on a cluster: its autoscaling
-    coordinator (a detached actor, on this node), to which every run's controller sends its resource request
-    as it starts. Started now, its process comes up while the driver prepares the study; else the first
+    """Start, without waiting for it, the actor that Ray Train's runs share on a cluster an autoscaler may
+    serve: its autoscaling coordinator (a detached actor, on this node), to which every run's controller
+    sends its resource request as it starts. Started now, its process comes up while the driver prepares the study; else the first
     worker group's controller starts it and waits for it (1-2 s on 2 cores). The call is Ray Train's own,
     so the actor is the one its runs look up by name."""
     from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (

@@ -79,6 +79,7 @@ def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None
     )
     train = groups[0].train
     watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
+    requests_resources = not runtime.private_instance()  # which no autoscaler serves
     by_key = {t.key: t for t in trials}
     errors: dict[str, str] = {}
     stopped = threading.Event()  # the groups' threads see it; the queue ends their runs
@@ -89,7 +90,10 @@ def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None
 
     try:
         with ThreadPoolExecutor(max_concurrent, thread_name_prefix="rayb-group") as threads:
-            running = {threads.submit(_run_group, g, name, packed, by_key, stopped) for g in groups}
+            running = {
+                threads.submit(_run_group, g, name, packed, requests_resources, by_key, stopped)
+                for g in groups
+            }
             try:
                 while running:
                     done, running = wait(running, timeout=ClusterWatch.WATCH_S, return_when=FIRST_COMPLETED)
@@ -107,8 +111,9 @@ def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None
 
 
 def _run_group(
-    pack: TrialPack, queue_name: str, packed: bool, trials: dict[str, TrialSpec], stopped: threading.Event
-) -> dict[str, str]:
+    pack: TrialPack, queue_name: str, packed: bool, requests_resources: bool, trials: dict[str, TrialSpec],
+    stopped: threading.Event,
+) -> dict[str, str]:  # fmt: skip
     """Run one worker group of the pool: its Ray Train run, on a thread of the driver (its controller runs
     on the driver's node, which outlives the nodes a cluster may lose), unless the pool has `stopped`. A
     failure Ray Train has already retried is final: the trials it leaves untrained are recorded, with why.
@@ -119,7 +124,7 @@ def _run_group(
     restarts = 0
     while not stopped.is_set():
         try:
-            pack_trainer(pack, one_node=packed, queue=queue_name).fit()
+            pack_trainer(pack, one_node=packed, queue=queue_name, requests_resources=requests_resources).fit()
             return {}
         except TrainingFailedError as exc:
             failure: Exception = exc
