@@ -233,3 +233,12 @@ def test_an_eval_actors_start_imports_neither_the_study_model_nor_scipys_statist
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_the_feed_is_asked_often_on_local_disk_and_once_a_second_on_object_storage(tmp_path):
+    """Each ask of the feed checks every training trial's files: a stat on local disk, where the last trial's
+    evaluation (which ends the study) should start soon after its training; a request per trial on object
+    storage, where asking five times a second would cost a big study hundreds of requests a second."""
+    from rayb.runner import feed_poll_s
+
+    assert feed_poll_s(tmp_path) < EvalPool.POLL_S == feed_poll_s("s3://bucket/out") == 1.0

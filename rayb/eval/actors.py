@@ -201,7 +201,9 @@ class EvalPool:
     one actor, in about the same time as on two, and without importing torch and transformers twice. GPU
     actors start as before."""
 
-    POLL_S = 1.0  # how often the feed is asked for new jobs while others run
+    # How often the feed is asked for new jobs while others run, by default. A feed that checks each training
+    # trial's files on storage is asked less often on object storage (runner.feed_poll_s).
+    POLL_S = 1.0
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
     LOOK_S = 5.0  # how often the pool asks whether worker groups wait for resources
     # Before any job has come back, how long the live CPU actors' jobs may run before another actor starts
@@ -211,9 +213,10 @@ class EvalPool:
 
     def __init__(
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
-        spare_cpus: Callable[[], float] = lambda: 0.0,
+        spare_cpus: Callable[[], float] = lambda: 0.0, poll_s: float = POLL_S,
     ):  # fmt: skip
         self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
+        self.poll_s = poll_s
         self.spare_cpus = spare_cpus
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
@@ -253,9 +256,9 @@ class EvalPool:
                 if not self._running:
                     if not more:
                         break
-                    time.sleep(self.POLL_S)
+                    time.sleep(self.poll_s)
                     continue
-                ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.POLL_S)
+                ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.poll_s)
                 for ref in ready:
                     job, result = self._collect(ref)
                     if result is None:  # queued again, for a fresh actor
