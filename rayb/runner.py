@@ -268,9 +268,8 @@ def run_study(
             + ", evaluating each as it finishes ..."
         )
         feed = FinishedTrials(study, trials, capacity)
-        evaluations = EvalPool(
-            max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus, poll_s=feed_poll_s(out)
-        )
+        evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus,
+                               poll_s=EvalPool.poll_for(out))  # fmt: skip
         stages.end("planning")
         trained, groups = 0, 0
 
@@ -440,14 +439,6 @@ def check_kernels(archs: list[str]) -> None:
 
     if message := slow_kernels_message(probe_kernels(archs)):
         raise StudyError(message)
-
-
-def feed_poll_s(out: Path | str) -> float:
-    """How often the eval pool asks its FinishedTrials feed for new jobs while training goes on: each ask
-    checks every training trial's TRAIN_DONE. On local disk that is a stat per trial, and the last trial's
-    evaluation, which ends the study, starts up to one ask after its training: 0.2 s. On object storage each
-    check is a request, and a study of a hundred trials asked that often would send 500 a second: 1 s."""
-    return 1.0 if storage.is_remote(out) else 0.2
 
 
 class FinishedTrials:

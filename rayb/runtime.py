@@ -112,8 +112,8 @@ def _quiet_driver(log_file: Path) -> None:
 
 def private_instance() -> bool:
     """Whether the Ray this driver uses is the private local instance it started (`init_ray` without
-    RAY_ADDRESS): one fixed node, which no autoscaler serves. A driver that connects to a cluster (RAY_ADDRESS,
-    `ray job submit`) starts no node of its own."""
+    RAY_ADDRESS): one fixed node, which no autoscaler serves. A driver that connects to a cluster
+    (RAY_ADDRESS, `ray job submit`) starts no node of its own."""
     import ray
 
     node = ray._private.worker._global_node  # not public API: the node this driver started, or joined

@@ -239,6 +239,4 @@ def test_the_feed_is_asked_often_on_local_disk_and_once_a_second_on_object_stora
     """Each ask of the feed checks every training trial's files: a stat on local disk, where the last trial's
     evaluation (which ends the study) should start soon after its training; a request per trial on object
     storage, where asking five times a second would cost a big study hundreds of requests a second."""
-    from rayb.runner import feed_poll_s
-
-    assert feed_poll_s(tmp_path) < EvalPool.POLL_S == feed_poll_s("s3://bucket/out") == 1.0
+    assert EvalPool.poll_for(tmp_path) < EvalPool.POLL_S == EvalPool.poll_for("s3://bucket/out") == 1.0

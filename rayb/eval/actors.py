@@ -201,9 +201,7 @@ class EvalPool:
     one actor, in about the same time as on two, and without importing torch and transformers twice. GPU
     actors start as before."""
 
-    # How often the feed is asked for new jobs while others run, by default. A feed that checks each training
-    # trial's files on storage is asked less often on object storage (runner.feed_poll_s).
-    POLL_S = 1.0
+    POLL_S = 1.0  # how often the feed is asked for new jobs while others run, by default (see poll_for)
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
     LOOK_S = 5.0  # how often the pool asks whether worker groups wait for resources
     # Before any job has come back, how long the live CPU actors' jobs may run before another actor starts
@@ -231,6 +229,14 @@ class EvalPool:
         self._cold: set = set()  # CPU actors started for a job that has not come back yet: still starting
         self._start_s: float | None = None  # the last measured start of a CPU actor, to its first job
         self._job_s: dict[str, list[float]] = {}  # per suite: the CPU jobs' walls so far
+
+    @classmethod
+    def poll_for(cls, trials_at: Path | str) -> float:
+        """How often to ask a feed that checks each training trial's TRAIN_DONE under `trials_at`. On local
+        disk that is a stat per trial, and the last trial's evaluation, which ends the study, starts up to
+        one ask after its training: 0.2 s. On object storage each check is a request, and a study of a
+        hundred trials asked that often would send 500 a second: POLL_S."""
+        return cls.POLL_S if storage.is_remote(trials_at) else 0.2
 
     def serve(self, feed: Feed) -> dict[tuple[str, str], str]:
         import ray

@@ -166,9 +166,9 @@ def pack_trainer(
 def start_train_services() -> None:
     """Start, without waiting for it, the actor that Ray Train's runs share on a cluster an autoscaler may
     serve: its autoscaling coordinator (a detached actor, on this node), to which every run's controller
-    sends its resource request as it starts. Started now, its process comes up while the driver prepares the study; else the first
-    worker group's controller starts it and waits for it (1-2 s on 2 cores). The call is Ray Train's own,
-    so the actor is the one its runs look up by name."""
+    sends its resource request as it starts. Started now, its process comes up while the driver prepares
+    the study; else the first worker group's controller starts it and waits for it (1-2 s on 2 cores). The
+    call is Ray Train's own, so the actor is the one its runs look up by name."""
     from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
         get_or_create_autoscaling_coordinator,
     )
