@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,8 @@ import pandas as pd
 from rayb import lock, pinned, storage
 from rayb.archive import archive
 from rayb.data.cache import TokenCache
-from rayb.eval.actors import EvalJob, EvalPool, read_result
+from rayb.eval.actors import DrainedWorkers, EvalPool, read_result
+from rayb.eval.feed import FinishedTrials, evaluating_beside
 from rayb.eval.registry import PRIMARY_SUITE, parse_suite
 from rayb.files import read_json, write_json_atomic
 from rayb.lock import study_lock, trial_claims
@@ -45,8 +43,8 @@ from rayb.study import (
 )
 from rayb.track.driver import tracking
 from rayb.train.loop import METRICS
-from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
-from rayb.tune.packs import Capacity, groups_at_once, left_free, trial_slots, unfittable, worker_pool
+from rayb.train.trial import TRAIN_DONE, TrialSpec, read_metrics
+from rayb.tune.packs import groups_at_once, trial_slots, unfittable, worker_pool
 
 
 @dataclass
@@ -196,7 +194,7 @@ def run_study(
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
     from rayb.train.trainer import start_train_services
-    from rayb.tune.sweep import run_pool
+    from rayb.tune.sweep import queue_name, run_pool
 
     began = time.perf_counter()
     out = storage.resolve(output or study.output_dir)
@@ -269,7 +267,7 @@ def run_study(
         )
         feed = FinishedTrials(study, trials, capacity)
         evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus,
-                               poll_s=EvalPool.poll_for(out))  # fmt: skip
+                               poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers)  # fmt: skip
         stages.end("planning")
         trained, groups = 0, 0
 
@@ -284,8 +282,12 @@ def run_study(
             trained += len({t.key for g in pool for t in g.trials})
             at_once = min(at_once, len(pool))
             groups = max(groups, at_once)
-            feed.pool, feed.slots = pool, at_once
-            errors.update(run_pool(pool, at_once, study_dir))
+            feed.pool, feed.slots, name = pool, at_once, queue_name()
+            feed.workers = None if study.train.use_gpu else DrainedWorkers(name)
+            try:
+                errors.update(run_pool(pool, at_once, study_dir, name))
+            finally:
+                feed.workers = None
 
         with (
             tracking(study, trials, study_local, log, sync=_pusher(study_dir)) as tracked,
@@ -439,65 +441,6 @@ def check_kernels(archs: list[str]) -> None:
 
     if message := slow_kernels_message(probe_kernels(archs)):
         raise StudyError(message)
-
-
-class FinishedTrials:
-    """An EvalPool's feed: each trial's evaluation jobs, handed over once, as soon as its training has
-    finished (pretrained references and trials finished by an earlier run at once)."""
-
-    def __init__(self, study: Study, trials: list[TrialSpec], capacity: Capacity):
-        self.study, self.waiting, self.capacity = study, list(trials), capacity
-        self.training_over = threading.Event()
-        self.pool: list[TrialPack] = []  # the worker groups training now, run `slots` at a time
-        self.slots = 0
-
-    def spare_cpus(self) -> float:
-        """CPUs that no worker group of this round can use, now or later: the groups that still have a
-        trial to train (as many as run at once) hold theirs. Only for a CPU study on one node, where a count
-        is exact: actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
-        if self.study.train.use_gpu or len(self.capacity.nodes) != 1:
-            return 0.0
-        waiting = {t.key for t in self.waiting}
-        groups = Counter(group.queue for group in self.pool)  # each queue's groups
-        queues = {group.queue: group.trials for group in self.pool}
-        # A queue's groups go on while it has trials, but no more of them than it has unfinished trials.
-        busy = sum(min(count, sum(t.key in waiting for t in queues[q])) for q, count in groups.items())
-        if not busy:  # between rounds and once training is over, no actor need wait
-            return 0.0
-        return left_free(self.study.train, self.capacity, min(self.slots, busy))["CPU"]
-
-    def __call__(self) -> tuple[list[EvalJob], bool]:
-        from rayb.eval.actors import evaluation_jobs
-
-        over = self.training_over.is_set()  # read first: a trial finishing during the scan is seen next time
-        finished = [t for t in self.waiting if t.done]
-        self.waiting = [t for t in self.waiting if t not in finished]
-        ok = [t for t in finished if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
-        return evaluation_jobs(ok, self.study.eval, self.study.eval_options, self.study.base_dir), not over
-
-
-@contextmanager
-def evaluating_beside(pool: EvalPool, feed: FinishedTrials):
-    """Serve the eval pool in a thread while the body trains. Yields a dict that holds, once the block
-    ends, the pool's {(trial key, suite): error}, or the "failure" that stopped the pool itself."""
-    evaluated: dict[str, Any] = {}
-
-    def serve() -> None:
-        try:
-            evaluated["errors"] = pool.serve(feed)
-        except Exception as exc:  # noqa: BLE001  (re-raised by the caller, after training has ended)
-            evaluated["failure"] = exc
-
-    thread = threading.Thread(target=serve, name="rayb-eval", daemon=True)
-    thread.start()
-    try:
-        yield evaluated
-    except BaseException:
-        pool.stopping.set()  # the study is ending (an error, Ctrl-C): finished results are all on disk
-        raise
-    finally:
-        feed.training_over.set()
-        thread.join()
 
 
 def _report(study, trials, errors, eval_errors, study_dir, provenance) -> StudyOutcome:

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import yaml
-from conftest import registered_checkpoint_trial, tiny_study_dict
+from conftest import registered_checkpoint_trial, session_actors, tiny_study_dict
 from typer.testing import CliRunner
 
 from rayb.cli import app
@@ -70,6 +71,47 @@ def test_killed_driver_resumes_without_redoing_finished_trials(ray_session, tmp_
     assert [r["step"] for r in read_metrics(interrupted / METRICS) if r["kind"] == "resume"] in ([8], [16])
     table = read_results(study_dir / "results.parquet")
     assert sorted(table.seed) == [0, 1, 2] and (table.status == "ok").all()
+
+
+def test_a_drained_worker_lost_mid_evaluation_costs_its_job_one_attempt(ray_session, tmp_path):
+    """The Train worker running an evaluation after its trial (its group drained) is killed mid-job, as a
+    lost node or the OOM killer would end it: the job runs again, and the study ends with every result."""
+    import ray
+
+    raw = tiny_study_dict(
+        models=[{"arch": "gpt2", "config": {"d_model": 32, "n_layer": 2, "n_head": 2}}], seeds=[0],
+        eval=["lm", "overfit"], eval_options={"overfit": {"steps": 600}},  # seconds: long enough to kill in
+    )  # fmt: skip
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(yaml.safe_dump(raw))
+    out, outcome = tmp_path / "out", {}
+    study = threading.Thread(
+        target=lambda: outcome.update(
+            result=CliRunner().invoke(app, ["run", str(study_file), "--output", str(out)])
+        )
+    )
+    study.start()
+    deadline, killed = time.time() + 300, []
+    while not killed:
+        assert study.is_alive() and time.time() < deadline, "no drained worker ran the job"
+        queues = [a for a in session_actors("TrialQueue") if a["State"] == "ALIVE"]
+        scored = list(out.glob("trials/*/eval/lm-*.json"))  # then overfit is the job handed over next
+        if queues and scored and ray.get(ray.get_actor(queues[0]["Name"]).relay_state.remote())["busy"]:
+            time.sleep(1.0)  # the worker is running it by now, and it runs for seconds
+            (worker,) = [a for a in session_actors("RayTrainWorker") if a["State"] == "ALIVE"]
+            os.kill(worker["Pid"], signal.SIGKILL)
+            killed.append(worker["Pid"])
+        time.sleep(0.05)
+    study.join(timeout=300)
+    result = outcome["result"]
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "attempt 1 of 3 failed (the drained Train worker was lost" in output, result.output
+    ((trial, result_file),) = [
+        (t, f) for t in (out / "trials").iterdir() for f in t.glob("eval/overfit-*.json")
+    ]
+    assert json.loads(result_file.read_text())["status"] == "ok"
+    assert [r["kind"] for r in read_metrics(trial / METRICS)].count("resume") == 0  # trained once, not again
 
 
 def test_a_diverged_and_a_failed_trial_are_recorded_and_the_study_goes_on(ray_session, tmp_path):

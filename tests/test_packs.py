@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -251,16 +252,20 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
     assert "4 groups at once (4 fit, 4 to a GPU)" in text
 
 
-def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path):
+@pytest.mark.parametrize("suites", [["lm"], ["lm", "speed"]])
+def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path, suites):
     """On a 2-core node, two groups share a queue of four trials: no CPU is spare while two trials are
     unfinished; with one left, one group has ended and its core is spare; one group of one seed leaves a
-    core spare from the start; none once training is over."""
+    core spare from the start; none once training is over. Except where every suite may run on a drained
+    Train worker (not speed, which measures its process): once every group trains its last trial, its
+    own workers evaluate, holding their cores, so none is spare."""
     import json
 
-    from rayb.runner import FinishedTrials
+    from rayb.eval.feed import FinishedTrials
     from rayb.train.trial import TRAIN_DONE
 
-    study = parse_study(tiny_study_dict())
+    study = parse_study(tiny_study_dict(eval=suites))
+    drained_workers_evaluate = suites == ["lm"]
     trials = [replace(t, trial_dir=str(tmp_path / t.key)) for t in _trials(seeds=(0, 1))]
     one_node = Capacity(({"CPU": 2.0},))
     feed = FinishedTrials(study, trials, one_node)
@@ -277,13 +282,13 @@ def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path):
         finish(trial)
         assert feed.spare_cpus() == 0  # both groups still have a trial to train
     finish(trials[2])
-    assert feed.spare_cpus() == 1
+    assert feed.spare_cpus() == (0 if drained_workers_evaluate else 1)
     finish(trials[3])
     assert feed.spare_cpus() == 0  # nothing trains: no actor need wait
 
     feed = FinishedTrials(study, trials[:1], one_node)
     feed.pool, feed.slots = worker_pool(trials[:1], slots=2, cores=2), 2
-    assert feed.spare_cpus() == 1  # one seed on two cores
+    assert feed.spare_cpus() == (0 if drained_workers_evaluate else 1)  # one seed on two cores
     two_nodes = Capacity(({"CPU": 2.0}, {"CPU": 2.0}))
     feed = FinishedTrials(study, trials[:1], two_nodes)
     feed.pool, feed.slots = worker_pool(trials[:1], slots=4, cores=4), 4
@@ -303,6 +308,35 @@ def test_the_pools_queue_hands_each_trial_to_one_group_and_a_restarted_group_its
     assert queue.take("mine", "u0") == "m0"
     assert queue.fail("mine", "u0") == ("m0", ["m1"])
     assert queue.take("mine", "u0") is None and queue.fail("gpt2", "g0") == (None, [])
+
+
+def test_the_queue_relays_jobs_to_drained_workers_only_once_no_trial_waits_and_until_released():
+    import threading
+
+    from rayb.tune.group import WAIT, TrialQueue
+
+    queue = TrialQueue({"gpt2": ["a", "b"]})
+    assert queue.take("gpt2", "g0") == "a"
+    assert queue.job_for("w0") is None  # a trial still waits for a group: a worker with none goes
+    assert queue.evaluate(b"job") is None  # no worker free: the pool runs it on an actor instead
+    assert queue.take("gpt2", "g1") == "b"
+    assert queue.relay_state() == {
+        "free": 0, "busy": 0, "released": False, "drained": True, "finished": False, "groups": 0
+    }  # fmt: skip
+    assert queue.job_for("w0") == WAIT and queue.relay_state()["free"] == 1
+    result: list = []
+    evaluation = threading.Thread(target=lambda: result.append(queue.evaluate(b"job")))
+    evaluation.start()
+    while queue.relay_state()["busy"] == 0:
+        time.sleep(0.01)
+    assert queue.job_for("w0") == b"job" and queue.relay_state()["free"] == 0
+    queue.done("w0", {"status": "ok"})
+    evaluation.join()
+    assert result == [{"status": "ok"}] and queue.relay_state()["busy"] == 0
+    assert queue.take("gpt2", "g0", finished="a") is None and queue.take("gpt2", "g1", finished="b") is None
+    assert queue.relay_state()["finished"] and queue.job_for("w0") == WAIT
+    queue.release()
+    assert queue.job_for("w0") is None and queue.job_for("w1") is None and queue.evaluate(b"job") is None
 
 
 def test_what_the_pools_processes_import_leaves_out_the_drivers_modules():

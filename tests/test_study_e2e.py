@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -85,6 +86,25 @@ def test_rerun_trains_nothing(study_run, tmp_path):
     assert (archived_study / "results.parquet").read_bytes() == (study_dir / "results.parquet").read_bytes()
     assert len(list(bucket.glob("trials/*/model/*.safetensors"))) == 4
     assert CliRunner().invoke(app, ["report", str(archived_study)]).exit_code == 0  # usable as it is
+
+
+def test_a_drained_train_worker_scores_as_an_eval_actor_does(study_run):
+    """Once no trial waits for a worker group, the groups' own workers run the evaluations (in a CPU study)
+    and no eval actor starts for them; deleted and scored again by `--eval-only`, which trains nothing and
+    so runs every job on eval actors, each of those results comes out the same."""
+    out, study_file, result = study_run
+    output = " ".join(result.output.split())
+    relayed = re.findall(r"eval \d+/\d+: (\w+) × lm in [\d.]+s on a drained Train worker: ok", output)
+    assert relayed, result.output
+    files = {key: next((out / "trials").glob(f"*-{key}/eval/lm-*.json")) for key in relayed}
+    before = {key: json.loads(path.read_text()) for key, path in files.items()}
+    for path in files.values():
+        path.unlink()
+    rerun = CliRunner().invoke(app, ["run", str(study_file), "--output", str(out), "--eval-only"])
+    assert rerun.exit_code == 0, rerun.output
+    assert f"ran {len(relayed)} evaluations" in rerun.output and "drained" not in rerun.output
+    for key, path in files.items():
+        assert json.loads(path.read_text())["metrics"] == before[key]["metrics"], key
 
 
 def test_every_benchmark_family_fans_out_over_the_trained_checkpoints(study_run, tmp_path):

@@ -6,7 +6,8 @@ with the benchmark's version, its metrics or its error, and its wall time. A fai
 recorded with its message and does not stop the others; it is tried again on the next run, while
 finished results are never recomputed. A job whose actor is lost under it (killed, out of memory, its node
 gone) or left with a broken CUDA context runs again on a fresh actor, up to ATTEMPTS times in all; then it
-is recorded as that evaluation's error, like a failing benchmark, and the study goes on.
+is recorded as that evaluation's error, like a failing benchmark, and the study goes on. In a CPU study,
+the Train workers of groups with no trial left to take run jobs too (DrainedWorkers).
 """
 
 from __future__ import annotations
@@ -174,6 +175,71 @@ def gpus_for(job: EvalJob, use_gpu: bool) -> float:
 Feed = Callable[[], tuple[list[EvalJob], bool]]
 
 
+def relayable(suite: str) -> bool:
+    """Whether a suite's jobs may run on a drained Train worker: all but those that measure the process
+    they run in (speed's timings and resident memory), which keep to eval actors."""
+    return not parse_suite(suite)[0].exclusive_device
+
+
+class DrainedWorkers:
+    """The Train workers of a CPU study's worker pool whose groups have no trial left to take, reached through
+    the pool's queue (tune/group.TrialQueue, by name): once no trial waits for a group, each such worker
+    runs the evaluation jobs relayed to it (`serve_drained`) instead of ending its group, until `release`d.
+    It holds CPUs that no queued trial needs and has imported torch, transformers and the model code, which
+    an eval actor started for those jobs would import again (3-4 s of a core each on a laptop)."""
+
+    def __init__(self, queue: str):
+        self.queue = queue
+        self._handle = None
+
+    def state(self) -> dict[str, Any] | None:
+        """TrialQueue.relay_state, or None where the queue is not (or no longer) there."""
+        import ray
+
+        try:
+            if self._handle is None:
+                self._handle = ray.get_actor(self.queue)
+            return ray.get(self._handle.relay_state.remote())
+        except (ValueError, ray.exceptions.RayActorError):  # not started yet, or the pool has ended
+            return None
+
+    def evaluate(self, job: EvalJob, threads: int):
+        """A ref to the job's result (None if no worker was free after all)."""
+        import ray
+
+        return self._handle.evaluate.remote(ray.cloudpickle.dumps((job, threads)))
+
+    def release(self) -> None:
+        self._handle.release.remote()
+
+
+RELAY_POLL_S = 0.1  # how often a drained worker asks for its next job
+
+
+def serve_drained(queue: str) -> None:
+    """On a Train worker whose group has no trial left (train/loop.py): run the jobs the pool's queue relays
+    to it until let go; a pool that has ended lets it go too."""
+    import ray
+
+    from rayb.tune.group import WAIT
+
+    handle, worker = ray.get_actor(queue), ray.get_runtime_context().get_actor_id()
+    try:
+        while (given := ray.get(handle.job_for.remote(worker))) is not None:
+            if given == WAIT:
+                time.sleep(RELAY_POLL_S)
+                continue
+            job, threads = ray.cloudpickle.loads(given)
+            ray.get(handle.done.remote(worker, _summary(run_job(job, threads))))
+    except ray.exceptions.RayActorError:
+        return
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What the pool takes back from a job (the rest is in its result file)."""
+    return {k: result[k] for k in ("status", "wall_s")} | {"error": result.get("error", "")}
+
+
 def evaluate(
     jobs: list[EvalJob], num_actors: int, use_gpu: bool = False, threads: int = 1,
     log: Callable[[str], None] = print,
@@ -212,10 +278,12 @@ class EvalPool:
     def __init__(
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
         spare_cpus: Callable[[], float] = lambda: 0.0, poll_s: float = POLL_S,
+        drained: Callable[[], DrainedWorkers | None] = lambda: None,
     ):  # fmt: skip
         self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
         self.poll_s = poll_s
         self.spare_cpus = spare_cpus
+        self.drained = drained  # the training pool's drained workers, while a pool trains
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
@@ -244,6 +312,8 @@ class EvalPool:
         errors, done, more = {}, 0, True
         try:
             while not self.stopping.is_set():
+                # Asked before the feed: a trial the queue no longer holds has its TRAIN_DONE written.
+                state = workers.state() if (workers := self.drained()) else None
                 if more:
                     jobs, more = feed()
                     self.submitted += len(jobs)
@@ -258,7 +328,9 @@ class EvalPool:
                 # processes started: on 2 cores the group started about 0.5 s later.
                 self._standing = max(0, min(spare if self._spare_before else 0, self.num_actors))
                 self._spare_before = spare > 0
+                kept = self._relay(workers, state)
                 self._start_actors(more)
+                self._queues.setdefault(0.0, [])[:0] = kept
                 if not self._running:
                     if not more:
                         break
@@ -266,20 +338,23 @@ class EvalPool:
                     continue
                 ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.poll_s)
                 for ref in ready:
+                    relayed = self._running[ref][0] is None
                     job, result = self._collect(ref)
                     if result is None:  # queued again, for a fresh actor
                         continue
                     done += 1
                     status = result["status"] if result["status"] == "ok" else f"ERROR {result['error']}"
+                    where = " on a drained Train worker" if relayed else ""
                     self.log(
                         f"  eval {done}/{self.submitted}: {job.trial.key} × {job.suite} "
-                        f"in {result['wall_s']:.1f}s: {status}"
+                        f"in {result['wall_s']:.1f}s{where}: {status}"
                     )
                     if result["status"] != "ok":
                         errors[(job.trial.key, job.suite)] = result["error"]
         finally:  # idle actors go; running jobs are left only when stopped early (results are on disk)
             for handle in [running[0] for running in self._running.values()] + self._idle:
-                ray.kill(handle)
+                if handle is not None:  # a drained worker's job ends with its worker group
+                    ray.kill(handle)
         return errors
 
     def _collect(self, ref) -> tuple[EvalJob, dict[str, Any] | None]:
@@ -292,12 +367,17 @@ class EvalPool:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            # Its actor is gone (killed, out of memory, its node lost), or the call failed outside the benchmark.
-            error = f"the eval actor was lost: {type(exc).__name__}: {exc}"
+            # Its actor or drained worker is gone (killed, out of memory, its node lost), or the call failed
+            # outside the benchmark.
+            where = "eval actor" if handle is not None else "drained Train worker"
+            error = f"the {where} was lost: {type(exc).__name__}: {exc}"
             result = write_result(job, {"status": "error", "error": error}, time.perf_counter() - began)
             lost = True
             self._cold.discard(handle)
         else:
+            if result is None:  # no drained worker was free after all: queued again, no attempt spent
+                self._queues[gpus].insert(0, job)
+                return job, None
             lost = result["status"] != "ok" and sticky_cuda_error(result["error"])
             if gpus == 0.0:
                 self._job_s.setdefault(job.suite, []).append(result["wall_s"])
@@ -305,9 +385,11 @@ class EvalPool:
                     self._cold.discard(handle)
                     self._start_s = max(0.0, time.perf_counter() - began - result["wall_s"])
         if not lost:
-            self._next_job(handle, gpus)
+            if handle is not None:
+                self._next_job(handle, gpus)
             return job, result
-        self._stop(handle, gpus)  # a dead actor, or one no later job could use
+        if handle is not None:
+            self._stop(handle, gpus)  # a dead actor, or one no later job could use
         self._attempts[job.out] = attempts = self._attempts.get(job.out, 0) + 1
         if attempts >= self.ATTEMPTS:
             return job, result
@@ -329,6 +411,26 @@ class EvalPool:
             table = ray.util.placement_group_table().values()
             self._waiting = any(group["state"] == "PENDING" for group in table)
         return self._waiting
+
+    def _relay(self, workers: DrainedWorkers | None, state: dict[str, Any] | None) -> list[EvalJob]:
+        """Hand the queued CPU jobs a drained Train worker may run to the free ones. Once the pool has drained
+        (no trial waits for a group) and while groups still run, take the rest out of the queue for the
+        workers about to be free rather than start actors for them; returned, to go back once actors have
+        had their turn. The workers are let go once every trial has finished training and no such job is
+        left, or as soon as a worker group waits for resources (maybe theirs)."""
+        if state is None or state["released"] or not state["drained"]:
+            return []
+        queue = self._queues.get(0.0, [])
+        theirs = [job for job in queue if relayable(job.suite)]
+        if self._groups_wait() or (state["finished"] and not theirs):
+            workers.release()
+            return []
+        if not state["groups"]:  # no drained worker can come any more: actors take them
+            return []
+        for job in theirs[: state["free"]]:
+            self._running[workers.evaluate(job, self.threads)] = (None, 0.0, job, time.perf_counter())
+        queue[:] = [job for job in queue if not relayable(job.suite)]
+        return theirs[state["free"] :]
 
     def _start_actors(self, more: bool) -> None:
         """Give each queued job an idle actor, or start one (a CPU one where it pays: `_worth_an_actor`), up
@@ -405,5 +507,4 @@ class _EvalActor:
         import rayb.models.pretrained  # noqa: F401
 
     def run(self, job: EvalJob) -> dict[str, Any]:
-        result = run_job(job, self.threads)
-        return {k: result[k] for k in ("status", "wall_s")} | {"error": result.get("error", "")}
+        return _summary(run_job(job, self.threads))

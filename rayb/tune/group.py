@@ -13,7 +13,10 @@ import threading
 import time
 from collections import deque
 
+import ray
+
 logger = logging.getLogger(__name__)
+WAIT = "wait"  # a drained worker's answer while no evaluation job has been relayed to it yet
 
 
 class TrialQueue:
@@ -28,7 +31,12 @@ class TrialQueue:
     starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
     asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
     cores, and up to a second more at the run's end. The pool's queue does it once for all its groups,
-    asking the GCS (see trainer.PoolCleaner)."""
+    asking the GCS (see trainer.PoolCleaner).
+
+    In a CPU study it also relays evaluation jobs to the workers of groups with no trial left to take, once
+    no trial waits for a group at all (eval/actors.DrainedWorkers): such a worker holds CPUs that no queued
+    trial needs, and has imported what an eval actor would import again. Those methods run in a concurrency
+    group of their own ("relay"), since `evaluate` waits for its job's end."""
 
     CHECK_S = 1.0  # how often the controllers' liveness is asked for
 
@@ -39,6 +47,12 @@ class TrialQueue:
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
         self._watcher: threading.Thread | None = None
+        self._relay = threading.Condition()  # guards the five below
+        self._free: list[str] = []  # drained workers (actor ids) waiting for a job, the earliest first
+        self._busy: set[str] = set()  # drained workers running a job
+        self._handed: dict[str, bytes] = {}  # {worker: the job it is to run, pickled} until it asks for it
+        self._results: dict[str, dict] = {}  # {worker: its job's result} until `evaluate` returns it
+        self._released = False
 
     def started(self, controller: str, handle: bytes) -> None:
         """A run's controller has started (`handle`: its actor handle, pickled): ended at once if the pool
@@ -50,6 +64,7 @@ class TrialQueue:
     def stop(self) -> None:
         """End every running group's run; a group that starts later is ended as it starts."""
         self.stopping = True
+        self.release()
         for controller in list(self.controllers):
             self._end(controller)
 
@@ -104,3 +119,75 @@ class TrialQueue:
         with it (as a user's model that crashes would crash in each of its trials)."""
         waiting, self.waiting[shape] = list(self.waiting[shape]), deque()
         return self.held.pop(group, None), waiting
+
+    # ----- evaluations relayed to drained workers ---------------------------------------------------------
+
+    @ray.method(concurrency_group="relay")
+    def job_for(self, worker: str) -> bytes | str | None:
+        """A drained worker's next evaluation job (pickled), WAIT while it has none yet; None once it may go:
+        when released, or while a trial still waits for a group (the CPUs it holds may be the ones needed)."""
+        with self._relay:
+            if self._released or any(self.waiting.values()):
+                if worker in self._free:
+                    self._free.remove(worker)
+                return None
+            if (job := self._handed.pop(worker, None)) is not None:
+                return job
+            if worker not in self._free:
+                self._free.append(worker)
+            return WAIT
+
+    @ray.method(concurrency_group="relay")
+    def done(self, worker: str, result: dict) -> None:
+        with self._relay:
+            self._results[worker] = result
+            self._relay.notify_all()
+
+    @ray.method(concurrency_group="relay")
+    def relay_state(self) -> dict:
+        """What the eval pool decides on: drained workers `free` for a job (and `busy` with one); whether the
+        workers have been `released`; whether the pool is `drained` (no trial waits for a group) and
+        `finished` (none is held either: every trial has finished training); how many `groups` run (a
+        drained worker may yet come)."""
+        with self._relay:
+            drained = not any(self.waiting.values())
+            return {
+                "free": len(self._free),
+                "busy": len(self._busy),
+                "released": self._released,
+                "drained": drained,
+                "finished": drained and not self.held,
+                "groups": len(self.controllers),
+            }
+
+    @ray.method(concurrency_group="relay")
+    def release(self) -> None:
+        """Let the drained workers go once their jobs end: no more jobs will be relayed."""
+        with self._relay:
+            self._released, self._free = True, []
+
+    @ray.method(concurrency_group="relay")
+    def evaluate(self, job: bytes) -> dict | None:
+        """Run `job` (pickled) on the drained worker that has waited longest; its result once it has ended,
+        or None at once with no worker free. Raises if that worker dies first (its node lost, say): the
+        eval pool then runs the job again, as it does a job whose actor was lost."""
+        from ray._private.state import actors
+
+        with self._relay:
+            if self._released or not self._free:
+                return None
+            worker = self._free.pop(0)
+            self._handed[worker] = job
+            self._busy.add(worker)
+            try:
+                while not self._relay.wait_for(lambda: worker in self._results, timeout=self.CHECK_S):
+                    try:
+                        dead = actors(worker).get("State") == "DEAD"
+                    except Exception:  # the GCS unreachable for a moment: ask again next time
+                        continue
+                    if dead:
+                        self._handed.pop(worker, None)
+                        raise RuntimeError(f"the drained Train worker {worker} running the job was lost")
+                return self._results.pop(worker)
+            finally:
+                self._busy.discard(worker)

@@ -62,18 +62,27 @@ class ClusterWatch:
             self._said = what
 
 
-def run_pool(groups: list[TrialPack], max_concurrent: int, study_dir: str | None = None) -> dict[str, str]:
+def queue_name() -> str:
+    """A name for a pool's TrialQueue actor, unique on the cluster."""
+    return f"rayb-trials-{uuid.uuid4().hex[:12]}"
+
+
+def run_pool(
+    groups: list[TrialPack], max_concurrent: int, study_dir: str | None = None, name: str | None = None
+) -> dict[str, str]:
     """Train the groups' trials, `max_concurrent` groups at once; return {trial key: error message} for those
     that failed or were left untrained, whose full traceback each one's directory keeps (TRIAL_ERROR, for
     `rayb status` and the live view). What the cluster is doing while trials wait goes to `study_dir` (see
-    ClusterWatch)."""
+    ClusterWatch). The pool's queue is the actor `name` (default: a new queue_name())."""
     shapes = {g.queue: g.trials for g in groups}
     trials = [t for queue in shapes.values() for t in queue]
     for trial in trials:  # an earlier run's failure no longer stands
         storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
-    name = f"rayb-trials-{uuid.uuid4().hex[:12]}"
+    name = name or queue_name()
+    # A thread for each drained worker waiting in `evaluate`, and a few for the workers' own calls.
+    relay = max_concurrent * groups[0].train.num_workers + 4
     queue = (
-        ray.remote(TrialQueue)
+        ray.remote(concurrency_groups={"relay": relay})(TrialQueue)
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
         .remote({shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()})
     )

@@ -1,0 +1,83 @@
+"""What a study's eval pool is fed while its worker pool trains (runner.run_study): each trial's evaluation
+jobs as soon as its training has finished, and which CPUs an eval actor may stand by on meanwhile."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any
+
+from rayb import storage
+from rayb.eval.actors import DrainedWorkers, EvalJob, EvalPool, relayable
+from rayb.files import read_json
+from rayb.study import Study
+from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec
+from rayb.tune.packs import Capacity, left_free
+
+
+class FinishedTrials:
+    """An EvalPool's feed: each trial's evaluation jobs, handed over once, as soon as its training has
+    finished (pretrained references and trials finished by an earlier run at once)."""
+
+    def __init__(self, study: Study, trials: list[TrialSpec], capacity: Capacity):
+        self.study, self.waiting, self.capacity = study, list(trials), capacity
+        self.training_over = threading.Event()
+        self.pool: list[TrialPack] = []  # the worker groups training now, run `slots` at a time
+        self.slots = 0
+        self.workers: DrainedWorkers | None = None  # theirs, in a CPU study
+
+    def spare_cpus(self) -> float:
+        """CPUs that no worker group of this round can use, now or later: the groups that still have a
+        trial to train (as many as run at once) hold theirs. Only for a CPU study on one node, where a count
+        is exact: actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
+        if self.study.train.use_gpu or len(self.capacity.nodes) != 1:
+            return 0.0
+        waiting = {t.key for t in self.waiting}
+        groups = Counter(group.queue for group in self.pool)  # each queue's groups
+        queues = {group.queue: group.trials for group in self.pool}
+        # A queue's groups go on while it has trials, but no more of them than it has unfinished trials.
+        unfinished = {q: sum(t.key in waiting for t in queues[q]) for q in groups}
+        busy = sum(min(count, unfinished[q]) for q, count in groups.items())
+        if not busy:  # between rounds and once training is over, no actor need wait
+            return 0.0
+        if (
+            len(self.pool) <= self.slots
+            and all(unfinished[q] <= count for q, count in groups.items())
+            and all(relayable(suite) for suite in self.study.eval)
+        ):  # every group trains its last trial: each will evaluate once drained (DrainedWorkers)
+            return 0.0
+        return left_free(self.study.train, self.capacity, min(self.slots, busy))["CPU"]
+
+    def __call__(self) -> tuple[list[EvalJob], bool]:
+        from rayb.eval.actors import evaluation_jobs
+
+        over = self.training_over.is_set()  # read first: a trial finishing during the scan is seen next time
+        finished = [t for t in self.waiting if t.done]
+        self.waiting = [t for t in self.waiting if t not in finished]
+        ok = [t for t in finished if read_json(storage.join(t.trial_dir, TRAIN_DONE)).get("status") == "ok"]
+        return evaluation_jobs(ok, self.study.eval, self.study.eval_options, self.study.base_dir), not over
+
+
+@contextmanager
+def evaluating_beside(pool: EvalPool, feed: FinishedTrials):
+    """Serve the eval pool in a thread while the body trains. Yields a dict that holds, once the block
+    ends, the pool's {(trial key, suite): error}, or the "failure" that stopped the pool itself."""
+    evaluated: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            evaluated["errors"] = pool.serve(feed)
+        except Exception as exc:  # noqa: BLE001  (re-raised by the caller, after training has ended)
+            evaluated["failure"] = exc
+
+    thread = threading.Thread(target=serve, name="rayb-eval", daemon=True)
+    thread.start()
+    try:
+        yield evaluated
+    except BaseException:
+        pool.stopping.set()  # the study is ending (an error, Ctrl-C): finished results are all on disk
+        raise
+    finally:
+        feed.training_over.set()
+        thread.join()
