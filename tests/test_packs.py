@@ -317,6 +317,11 @@ def test_the_queue_relays_jobs_to_drained_workers_only_once_no_trial_waits_and_u
 
     queue = TrialQueue({"gpt2": ["a", "b"]})
     assert queue.take("gpt2", "g0") == "a"
+    assert queue.take("gpt2", "g1") == "b"
+    assert queue.job_for("w0") is None  # no eval pool has asked for jobs: a drained worker goes
+    queue = TrialQueue({"gpt2": ["a", "b"]})
+    assert queue.take("gpt2", "g0") == "a"
+    assert not queue.relay_state()["drained"]
     assert queue.job_for("w0") is None  # a trial still waits for a group: a worker with none goes
     assert queue.evaluate(b"job") is None  # no worker free: the pool runs it on an actor instead
     assert queue.take("gpt2", "g1") == "b"

@@ -265,7 +265,10 @@ class EvalPool:
     keep the live actors busy longer than a start takes (both measured as jobs come back), or where many
     wait (`_worth_an_actor`). On a laptop after training, two short jobs then run one after the other on
     one actor, in about the same time as on two, and without importing torch and transformers twice. GPU
-    actors start as before."""
+    actors start as before.
+
+    While a CPU study's worker pool drains (`drained`), the jobs a Train worker may run go to the workers
+    whose groups have no trial left (DrainedWorkers), and no actor starts for them."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run, by default (see poll_for)
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
@@ -330,7 +333,8 @@ class EvalPool:
                 self._spare_before = spare > 0
                 kept = self._relay(workers, state)
                 self._start_actors(more)
-                self._queues.setdefault(0.0, [])[:0] = kept
+                if kept:
+                    self._queues[0.0][:0] = kept
                 if not self._running:
                     if not more:
                         break

@@ -9,6 +9,7 @@ study starts on).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -35,10 +36,13 @@ class TrialQueue:
 
     In a CPU study it also relays evaluation jobs to the workers of groups with no trial left to take, once
     no trial waits for a group at all (eval/actors.DrainedWorkers): such a worker holds CPUs that no queued
-    trial needs, and has imported what an eval actor would import again. Those methods run in a concurrency
-    group of their own ("relay"), since `evaluate` waits for its job's end."""
+    trial needs, and has imported what an eval actor would import again. The relay is open only while an
+    eval pool asks for its state (at least every LEASE_S): a pool run with none, or whose eval pool has
+    died, lets its drained workers go. Those methods run in a concurrency group of their own ("relay"),
+    since `evaluate` waits for its job's end."""
 
     CHECK_S = 1.0  # how often the controllers' liveness is asked for
+    LEASE_S = 30.0  # an eval pool asks every 0.2-1 s, or after a scan of the trials on object storage
 
     def __init__(self, queues: dict[str, list[str]]):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
@@ -53,6 +57,7 @@ class TrialQueue:
         self._handed: dict[str, bytes] = {}  # {worker: the job it is to run, pickled} until it asks for it
         self._results: dict[str, dict] = {}  # {worker: its job's result} until `evaluate` returns it
         self._released = False
+        self._asked = -math.inf  # when an eval pool last asked for the relay's state
 
     def started(self, controller: str, handle: bytes) -> None:
         """A run's controller has started (`handle`: its actor handle, pickled): ended at once if the pool
@@ -125,9 +130,11 @@ class TrialQueue:
     @ray.method(concurrency_group="relay")
     def job_for(self, worker: str) -> bytes | str | None:
         """A drained worker's next evaluation job (pickled), WAIT while it has none yet; None once it may go:
-        when released, or while a trial still waits for a group (the CPUs it holds may be the ones needed)."""
+        when released, while a trial still waits for a group (the CPUs it holds may be the ones needed), or
+        with no eval pool asking for jobs."""
         with self._relay:
-            if self._released or any(self.waiting.values()):
+            unasked = time.monotonic() - self._asked > self.LEASE_S
+            if self._released or unasked or any(self.waiting.values()):
                 if worker in self._free:
                     self._free.remove(worker)
                 return None
@@ -150,6 +157,7 @@ class TrialQueue:
         `finished` (none is held either: every trial has finished training); how many `groups` run (a
         drained worker may yet come)."""
         with self._relay:
+            self._asked = time.monotonic()
             drained = not any(self.waiting.values())
             return {
                 "free": len(self._free),
