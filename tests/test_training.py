@@ -287,7 +287,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     import ray
     from ray.util import placement_group_table
 
-    from rayb.tune.group import TrialQueue
+    from rayb.tune.group import TrialQueue, queue_actor
 
     def held() -> set[str]:
         return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
@@ -297,7 +297,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
                  if t.arch == "gpt2")  # fmt: skip
     (pack,) = worker_pool([trial], slots=1, cores=1)  # one thread, as the reference trained
     name, earlier = f"queue-{tmp_path.name}", held()
-    queue = ray.remote(TrialQueue).options(name=name, num_cpus=0).remote({pack.queue: [trial.key]})
+    queue = queue_actor(relay=4).options(name=name, num_cpus=0).remote({pack.queue: [trial.key]})
     died: list[Exception] = []
 
     def fit() -> None:
@@ -342,10 +342,10 @@ def test_a_run_registers_with_the_pools_queue_without_the_queue_importing_ray_tr
     import ray
 
     from rayb.train.trainer import PoolCleaner
-    from rayb.tune.group import TrialQueue
+    from rayb.tune.group import queue_actor
 
     name = f"queue-{uuid.uuid4().hex[:8]}"
-    queue = ray.remote(TrialQueue).options(name=name, num_cpus=0).remote({})
+    queue = queue_actor(relay=4).options(name=name, num_cpus=0).remote({})
     controller = ray.remote(PoolCleaner).options(num_cpus=0).remote(name)
     ray.get(controller.after_controller_start.remote(None))
     (pid,) = [a["Pid"] for a in session_actors("TrialQueue") if a["ActorID"] == queue._actor_id.hex()]

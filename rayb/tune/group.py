@@ -199,3 +199,9 @@ class TrialQueue:
                 return self._results.pop(worker)
             finally:
                 self._busy.discard(worker)
+
+
+def queue_actor(relay: int):
+    """TrialQueue as a Ray actor class, with `relay` threads for the relay's calls (one for each drained
+    worker that may run a job at once, and a few for the workers' other calls)."""
+    return ray.remote(concurrency_groups={"relay": relay})(TrialQueue)

@@ -28,7 +28,7 @@ from rayb.report.status import write_cluster
 from rayb.train.spec import TrainSpec
 from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
-from rayb.tune.group import TrialQueue
+from rayb.tune.group import queue_actor
 from rayb.tune.packs import one_node, unfittable
 
 # A worker group whose controller is lost (killed, or out of memory) is started again: it takes the trial
@@ -79,10 +79,8 @@ def run_pool(
     for trial in trials:  # an earlier run's failure no longer stands
         storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
     name = name or queue_name()
-    # A thread for each drained worker waiting in `evaluate`, and a few for the workers' own calls.
-    relay = max_concurrent * groups[0].train.num_workers + 4
     queue = (
-        ray.remote(concurrency_groups={"relay": relay})(TrialQueue)
+        queue_actor(relay=max_concurrent * groups[0].train.num_workers + 4)
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
         .remote({shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()})
     )
