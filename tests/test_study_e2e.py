@@ -89,9 +89,9 @@ def test_rerun_trains_nothing(study_run, tmp_path):
 
 
 def test_a_drained_train_worker_scores_as_an_eval_actor_does(study_run):
-    """Once no trial waits for a worker group, the groups' own workers run the evaluations (in a CPU study)
-    and no eval actor starts for them; deleted and scored again by `--eval-only`, which trains nothing and
-    so runs every job on eval actors, each of those results comes out the same."""
+    """Once no trial waits for a worker group, the groups' own workers run the evaluations (in a CPU study),
+    as the log says; deleted and scored again by `--eval-only`, which trains nothing and so runs every job
+    on eval actors, each of those results comes out the same."""
     out, study_file, result = study_run
     output = " ".join(result.output.split())
     relayed = re.findall(r"eval \d+/\d+: (\w+) × lm in [\d.]+s on a drained Train worker: ok", output)
