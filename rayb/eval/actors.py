@@ -292,7 +292,8 @@ class EvalPool:
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
         self._live: dict[float, int] = {}  # per GPU share: actors alive
         self._idle: list = []  # CPU actors waiting for a job (GPU ones never wait)
-        self._running: dict = {}  # result ref -> (actor, GPU share, job, when it was handed over)
+        # result ref -> (actor, or None for a drained Train worker's job; GPU share, job, when handed over)
+        self._running: dict = {}
         self._attempts: dict[str, int] = {}  # job's result file -> runs that lost their actor
         self._standing = 0  # CPU actors that may live without a job
         self._spare_before = False  # whether the last poll found spare CPUs

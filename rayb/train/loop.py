@@ -57,7 +57,7 @@ LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest chec
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train a pack's unfinished trials, one after another, each resuming from its own checkpoint; in the
     worker pool, the trials this group takes from its queue (named by `config["queue"]`) until it is empty,
-    and then, in a CPU study, the evaluation jobs the queue relays (eval/actors.DrainedWorkers)."""
+    and then the evaluation jobs the queue relays, if any (eval/actors.DrainedWorkers)."""
     entered, age = time.time(), process_age_s()
     pack = TrialPack.from_dict(config["pack"])
     began = time.perf_counter()
@@ -69,7 +69,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     for trial in trials_to_train(pack, comm, config.get("queue")):
         train_trial(trial, comm, costs)
         costs = {}
-    if config.get("queue") and not pack.train.use_gpu:
+    if config.get("queue"):  # the queue lets it go at once unless an eval pool relays jobs (a CPU study's)
         from rayb.eval.actors import serve_drained
 
         serve_drained(config["queue"])
