@@ -4,6 +4,7 @@ report carries what its full-size plan asks for. Together they train every archi
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -65,25 +66,27 @@ def test_plan_needs_the_size_of_a_hub_tokenizer(tmp_path):
 
 @pytest.fixture(scope="module")
 def team_runs(ray_session, tmp_path_factory):
-    """Each tiny study, run once into one shared output (studies that others start from run first)."""
+    """Runs each tiny study on first use, into one shared output (the backpack study reuses the
+    pretraining it starts from); each test's timeout then covers one study, not all five."""
     out = tmp_path_factory.mktemp("teams")
-    runs = {}
-    for plan in PLANS:
+
+    @functools.cache
+    def run(plan):
         result = CliRunner().invoke(app, ["run", str(CONFIGS / f"{plan}-tiny.yaml"), "--output", str(out)])
         study = load_study(CONFIGS / f"{plan}-tiny.yaml")
         study_dir = out / "studies" / f"{study.name}-{study.fingerprint()}"
         table = (
             read_results(study_dir / "results.parquet") if (study_dir / "results.parquet").exists() else None
         )
-        runs[plan] = (result, study, study_dir, table)
-    return out, runs
+        return result, study, study_dir, table
+
+    return run
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("plan", PLANS)
 def test_tiny_study_runs_end_to_end(team_runs, plan):
-    out, runs = team_runs
-    result, study, study_dir, table = runs[plan]
+    result, study, study_dir, table = team_runs(plan)
     assert result.exit_code == 0, result.output
     assert (table.status == "ok").all(), table[["model", "seed", "error"]]
     assert all(e == {} for e in table.eval_errors), table.eval_errors  # every suite ran on every checkpoint
@@ -101,7 +104,7 @@ def test_tiny_study_runs_end_to_end(team_runs, plan):
 
 
 def _ok(team_runs, plan):
-    result, study, study_dir, table = team_runs[1][plan]
+    result, study, study_dir, table = team_runs(plan)
     if result.exit_code != 0:
         pytest.fail(f"{plan}-tiny did not run: {result.output[-2000:]}")
     return study, study_dir, table
