@@ -19,7 +19,6 @@ import math
 import os
 import random
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -43,13 +42,12 @@ from rayb.models.kernels import describe
 from rayb.models.pretrained import Checkpoint, initialise_from
 from rayb.models.registry import get_arch
 from rayb.train.collectives import HostCollectives
+from rayb.train.deepspeed_imports import hidden, without_muon
 from rayb.train.metrics_log import MetricsLog
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 
-# DeepSpeed's Muon optimizer, whose import ZeRO's optimizer check attempts (see _set_up).
-DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 METRICS = "metrics.jsonl"
 LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
 
@@ -143,15 +141,16 @@ def process_age_s() -> float:
 
 def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> None:
     """Train one trial to its end (or divergence) on this worker."""
-    run = _set_up(trial, comm, costs)
-    status, steps_done = "ok", run.trial.steps
-    for step in range(run.start, run.trial.steps):
-        if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
-            status, steps_done = "diverged", step + 1
-            break
-        _end_of_step(run, done=step + 1)
-    _finish(run, status, steps_done)
-    del run
+    with without_muon():
+        run = _set_up(trial, comm, costs)
+        status, steps_done = "ok", run.trial.steps
+        for step in range(run.start, run.trial.steps):
+            if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
+                status, steps_done = "diverged", step + 1
+                break
+            _end_of_step(run, done=step + 1)
+        _finish(run, status, steps_done)
+        del run
     _release_memory(compiled=trial.train.compile)  # the next trial builds its own model and engine
 
 
@@ -195,22 +194,8 @@ def _start_worker(pack: TrialPack) -> None:
     torch.set_num_threads(pack.threads)
     # DeepSpeed's import is most of a worker's start-up (timed as such). Its autotuner, which rayb never
     # runs, imports mlflow where it is installed: 0.7 s of each start.
-    with _hidden("mlflow"):
+    with hidden("mlflow"):
         import deepspeed  # noqa: F401
-
-
-@contextmanager
-def _hidden(module: str) -> Iterator[None]:
-    """`import module` raises ImportError within (where it is not imported already); after, it imports as
-    ever. For imports DeepSpeed makes, and tolerates failing, for what rayb never uses."""
-    hide = module not in sys.modules
-    if hide:
-        sys.modules[module] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if hide:
-            del sys.modules[module]
 
 
 def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:
@@ -228,12 +213,9 @@ def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) ->
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_multiplier(s, trial.steps, t.warmup_steps, t.schedule, t.min_lr_ratio)
     )
-    # ZeRO's check of the optimizer imports DeepSpeed's Muon, whose kernels torch.compile at import
-    # (torch's inductor): 0.7 s of each worker's first trial on 2 cores. rayb's optimizers are never Muon.
-    with _hidden(DEEPSPEED_MUON):
-        engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(t)
-        )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(t)
+    )
     if t.compile:
         engine.compile()  # compiles engine.module in place
     start = _resume(engine, trial, comm)
