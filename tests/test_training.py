@@ -113,9 +113,9 @@ def test_ray_trains_controller_imports_no_torch(tiny_cache, tmp_path):
 def test_deepspeed_trains_without_importing_muon_or_torchs_compiler_and_to_the_same_weights():
     """DeepSpeed imports its Muon optimizer in ZeRO's optimizer check and in every step's gradient
     reduction, and Muon compiles its kernels at import: 2.2-2.7 s of each worker's first step. Within
-    rayb's training (train/deepspeed_imports.without_muon) neither Muon nor torch's compiler is imported, for every
-    ZeRO stage rayb allows, and the weights after two steps are those of DeepSpeed with the real Muon
-    modules; after, Muon imports as ever."""
+    rayb's training (train/deepspeed_imports.without_muon) neither Muon nor torch's compiler is imported,
+    for every ZeRO stage rayb allows, and the weights after two steps are those of DeepSpeed with the real
+    Muon modules; after, Muon imports as ever."""
     import subprocess
     import sys
 
@@ -132,8 +132,9 @@ from rayb.train.deepspeed_imports import DEEPSPEED_MUON, DEEPSPEED_MUON_KERNELS,
 def trained(stage):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.1),
-                                      config={{"train_batch_size": 2, "zero_optimization": {{"stage": stage}}}})
+    config = {{"train_batch_size": 2, "zero_optimization": {{"stage": stage}}}}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     for step in range(2):
         engine.backward(engine(torch.randn(2, 8)).square().mean())
         engine.step()
