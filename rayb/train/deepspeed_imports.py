@@ -32,7 +32,7 @@ def hidden(module: str) -> Iterator[None]:
 def without_muon() -> Iterator[None]:
     """DeepSpeed imports its Muon optimizer wherever it asks whether the optimizer is one: ZeRO's check of
     the optimizer, the bf16 optimizer's set-up, and ZeRO's gradient reduction in every step. That module
-    torch.compiles Muon's kernels as it imports, which imports torch's whole compiler: 2.2-2.7 s of each
+    torch.compiles Muon's kernels as it imports, which imports torch's whole compiler: 2-3.5 s of each
     worker's first step on 2 cores, where the step itself takes 0.5 s. rayb's optimizers are never Muon.
     Within, where the real modules are not imported already, DeepSpeed finds stand-ins: a Muon class that
     no optimizer is an instance of, and a Muon update that raises if ever called."""
