@@ -48,6 +48,9 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
     context = ray.init(
+        # A new instance, not Ray's default: that joins the cluster a `ray start` on this machine last
+        # started, where one has left its address, and fails there on the settings below.
+        address="local",
         # The machine's real cores: a trial holds only its workers' CPUs (its Train controller holds
         # none), so nothing needs more slots than there are cores.
         num_cpus=os.cpu_count() or 1,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,10 +76,31 @@ def test_a_local_instance_runs_a_dashboard_only_when_asked(ray_session):
     assert done.stdout.split()[-1] == ray.__version__
 
 
-def own_local_ray(code: str) -> subprocess.CompletedProcess:
-    """`code` run by a fresh driver, which starts a local Ray of its own (not the suite's)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def own_local_ray(code: str, **env: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh driver, which starts a local Ray of its own (not the suite's); `env` is added
+    to its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_driver_without_ray_address_starts_its_own_ray_where_ray_start_left_one(ray_session):
+    """`ray start` leaves its cluster's address for drivers in Ray's temporary directory
+    (ray/ray_current_cluster), and Ray's default joins that cluster. rayb, as its README says, uses the
+    cluster at RAY_ADDRESS only: without it, a local Ray of its own, not a failure to join with its own
+    CPU count. The left address here is the suite's live instance."""
+    import ray
+
+    suite = ray.get_runtime_context().gcs_address
+    temp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text(suite)
+        started = "import ray; from rayb.runtime import init_ray; init_ray(); "
+        done = own_local_ray(started + "print(ray.get_runtime_context().gcs_address)", RAY_TMPDIR=str(temp))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] != suite
 
 
 @pytest.mark.parametrize("workers_print_here", [False, True], ids=["quiet", "verbose"])
