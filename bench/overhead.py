@@ -9,7 +9,10 @@ process's own start and imports, Ray's start, data, self-checks and planning, th
 finished last (its start: until its worker's process exists, joining the process group, the rest; its
 imports, each trial's set-up, training steps, checkpoints and validation, saving, and what Ray Train
 spent around them: passing between trials, ending the group), the evaluation left after training, the
-report, and the exit (Ray's shutdown). The stack's floor (FLOOR below) is timed too: what a run on Ray
+report, and the exit (Ray's shutdown). Beside the walls, each loop's median optimizer step, in its own run:
+a step's cost is paid again by every trial, whatever the fixed costs, and a slope between two whole runs
+(the cost of one more trial, below) moves with the machine's drift from one run to the next, which the
+step's ratio, measured within runs, does not. The stack's floor (FLOOR below) is timed too: what a run on Ray
 Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come. And the CPU
 each run spent, rayb's by kind of process (its driver, Train workers, eval actors, Ray Train's other
 actors, rayb's trial queue, Ray's own processes): no run ends sooner than its CPU over the machine's
@@ -207,11 +210,14 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
 
 
 def plain_loop(study_dir: Path, threads: int) -> dict:
-    """The plain loop over the study's trials: its wall time and CPU (core-seconds)."""
-    meter = CpuMeter()
+    """The plain loop over the study's trials: its wall time, CPU (core-seconds), and the median optimizer
+    step of each loop (rayb's in the run just timed, the plain loop's in this one), over the trials."""
+    meter, steps = CpuMeter(), study_dir / "plain_loop.json"
     wall, _ = _timed([sys.executable, str(ROOT / "bench" / "reverse_test.py"), str(study_dir), "--all-seeds",
-                      "--threads", str(threads)], meter)  # fmt: skip
-    return {"wall_s": wall, "cpu": meter.total}
+                      "--threads", str(threads), "--json", str(steps)], meter)  # fmt: skip
+    trials = json.loads(steps.read_text())["results"]
+    step_s = {loop: _median([t[f"{loop}_median_step_s"] for t in trials]) for loop in ("rayb", "ref")}
+    return {"wall_s": wall, "cpu": meter.total, "step_s": step_s}
 
 
 def timeline(run: dict) -> dict[str, float]:
@@ -281,6 +287,14 @@ def report(repeats: dict[int, list[tuple[dict, dict]]], cores: int) -> None:
         for n in seeds:
             print(f"    {n} seed{'s' * (n > 1)}: " + ", ".join(f"{ratio:.2f}×" for ratio in ratios[n]))
     _row("target", [f"≤ {_target(n):.2f}×" for n in seeds])
+    # Within the walls, an optimizer step: each loop's median in its own run, and the pairs' median ratio.
+    steps = {n: [loop["step_s"] for _, loop in repeats[n]] for n in seeds}
+    _row("median step: rayb (s)", [f"{_median([s['rayb'] for s in steps[n]]):.3f}" for n in seeds])
+    _row("median step: plain loop (s)", [f"{_median([s['ref'] for s in steps[n]]):.3f}" for n in seeds])
+    _row(
+        "rayb / plain loop, per step",
+        [f"{_median([s['rayb'] / s['ref'] for s in steps[n]]):.2f}×" for n in seeds],
+    )
     _row("worker groups at once", [str(runs[n]["groups"]) for n in seeds])
     cpu_report(seeds, runs, plain, cores)
     if len(seeds) >= 2:

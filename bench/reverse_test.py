@@ -224,10 +224,11 @@ def train_reference(
     optimizer = torch.optim.AdamW(
         param_groups(model, t["weight_decay"]), lr=trial["lr"], betas=tuple(t["betas"]), eps=1e-8
     )
-    history: dict[str, Any] = {"loss": [], "lr": [], "grad_norm": [], "digest": [], "val": {}}
+    history: dict[str, Any] = {"loss": [], "lr": [], "grad_norm": [], "digest": [], "step_s": [], "val": {}}
     interim = val_rows[interim_rows(len(val_rows), t["eval_batches"] * micro_batch)]
     model.train()
     for step in range(steps):
+        began = time.perf_counter()
         lr = learning_rate(step, trial["lr"], steps, t["warmup_steps"], t["schedule"], t["min_lr_ratio"])
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -249,6 +250,7 @@ def train_reference(
         history["lr"].append(lr)
         history["grad_norm"].append(grad_norm)
         history["digest"].append(batch_digest(rows))
+        history["step_s"].append(time.perf_counter() - began)  # as rayb's step_s: no validation in it
         epoch_end = t.get("epochs", 1) > 1 and (step + 1) % batches_per_epoch == 0
         if (step + 1) % t["eval_every"] == 0 or step + 1 == steps or epoch_end:
             history["val"][step + 1] = validation_loss(model, interim, micro_batch)
@@ -319,6 +321,9 @@ def compare(trial: dict[str, Any], cache_dir: Path, tolerance: float, log_every:
         ),
         "ref_train_loss": ref["loss"],
         "ref_wall_s": time.perf_counter() - began,
+        # Each loop's median optimizer step, in its own run (rayb's from its metrics log).
+        "rayb_median_step_s": float(np.median([r["step_s"] for r in rayb_log])),
+        "ref_median_step_s": float(np.median(ref["step_s"])),
     }
 
 
@@ -366,7 +371,8 @@ def print_table(results: list[dict[str, Any]], model: str) -> None:
               f"{norm0[0]:.6f} vs {norm0[1]:.6f}; largest per-step train-loss gap "
               f"{r['max_train_loss_rel_diff']:.2%}; interim validations at "
               f"{'the same steps' if r['same_validations'] else 'DIFFERENT steps'}, largest val-loss gap "
-              f"{r['max_val_loss_rel_diff']:.2%}; reference trained in {r['ref_wall_s']:.0f}s")  # fmt: skip
+              f"{r['max_val_loss_rel_diff']:.2%}; reference trained in {r['ref_wall_s']:.0f}s; median step "
+              f"{r['rayb_median_step_s']:.3f} s vs {r['ref_median_step_s']:.3f} s")  # fmt: skip
     print("(train = mean loss of the last 10 steps)")
 
 

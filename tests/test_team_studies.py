@@ -186,3 +186,4 @@ def test_groundthink_gate_scaling_overfit_and_reverse_test(team_runs):
 
     (check,) = reverse_test(study_dir, model="gpt2-m", seeds=[0], tolerance=0.05)
     assert check["passed"], check
+    assert check["rayb_median_step_s"] > 0 and check["ref_median_step_s"] > 0  # bench/overhead's step ratio
