@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 # DeepSpeed's Muon optimizer and the module of its kernels, which DeepSpeed imports as it trains (see
 # without_muon).
@@ -14,37 +14,40 @@ DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 DEEPSPEED_MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
 
-@contextmanager
-def hidden(module: str) -> Iterator[None]:
+def hidden(module: str) -> AbstractContextManager[None]:
     """`import module` raises ImportError within (where it is not imported already); after, it imports as
     ever. For imports DeepSpeed makes, and tolerates failing, for what rayb never uses."""
-    hide = module not in sys.modules
-    if hide:
-        sys.modules[module] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if hide:
-            del sys.modules[module]
+    return _in_place_of({module: None})
 
 
-@contextmanager
-def without_muon() -> Iterator[None]:
+def without_muon() -> AbstractContextManager[None]:
     """DeepSpeed imports its Muon optimizer wherever it asks whether the optimizer is one: ZeRO's check of
     the optimizer, the bf16 optimizer's set-up, and ZeRO's gradient reduction in every step. That module
     torch.compiles Muon's kernels as it imports, which imports torch's whole compiler: 2-3.5 s of each
     worker's first step on 2 cores, where the step itself takes 0.5 s. rayb's optimizers are never Muon.
     Within, where the real modules are not imported already, DeepSpeed finds stand-ins: a Muon class that
     no optimizer is an instance of, and a Muon update that raises if ever called."""
-    stand_ins = {
-        DEEPSPEED_MUON: {"MuonWithAuxAdam": type("MuonWithAuxAdam", (), {})},
-        DEEPSPEED_MUON_KERNELS: {"muon_update": _no_muon_update},
-    }
-    installed = [name for name in stand_ins if name not in sys.modules]
+    return _in_place_of(
+        {
+            DEEPSPEED_MUON: _stand_in(DEEPSPEED_MUON, MuonWithAuxAdam=type("MuonWithAuxAdam", (), {})),
+            DEEPSPEED_MUON_KERNELS: _stand_in(DEEPSPEED_MUON_KERNELS, muon_update=_no_muon_update),
+        }
+    )
+
+
+def _stand_in(name: str, **contents) -> types.ModuleType:
+    module = types.ModuleType(name, "rayb's stand-in for DeepSpeed's Muon: rayb never trains with it")
+    module.__dict__.update(contents)
+    return module
+
+
+@contextmanager
+def _in_place_of(modules: dict[str, types.ModuleType | None]) -> Iterator[None]:
+    """Within, `import name` finds modules[name] (None: an ImportError) for each name not imported already;
+    after, those names import as ever."""
+    installed = [name for name in modules if name not in sys.modules]
     for name in installed:
-        module = types.ModuleType(name, "rayb's stand-in for DeepSpeed's Muon: rayb never trains with it")
-        module.__dict__.update(stand_ins[name])
-        sys.modules[name] = module
+        sys.modules[name] = modules[name]  # type: ignore[assignment]
     try:
         yield
     finally:
