@@ -118,7 +118,7 @@ def _timed(command: list[str], meter: CpuMeter | None = None) -> tuple[float, st
 PROCESS_KINDS = {
     "ray::RayTrainWorker": "Train workers",
     "ray::_EvalActor": "eval actors",
-    "ray::TrainController": "Ray Train's other actors",
+    "ray::EnvController": "Ray Train's other actors",  # rayb's Ray Train controller (train/trainer.py)
     "ray::SynchronizationActor": "Ray Train's other actors",
     "ray::_AutoscalingCoordinatorActor": "Ray Train's other actors",
     "ray::TrialQueue": "rayb's trial queue",

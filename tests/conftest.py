@@ -101,6 +101,17 @@ def session_actors(class_name: str | None = None) -> list[dict]:
     return [a for a in actors().values() if class_name in (None, a["ActorClassName"])]
 
 
+def actor_runtime_envs(class_name: str) -> list[dict]:
+    """The runtime_env of its own that each actor of `class_name` in the connected session was started with
+    ({} for none), as the GCS has it."""
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    table = state._connect_and_get_accessor().get_actor_table(None, None)
+    actors = [gcs_pb2.ActorTableData.FromString(raw) for raw in table]
+    return [json.loads(a.serialized_runtime_env or "{}") for a in actors if a.class_name == class_name]
+
+
 def loop_with_steps_held(after: int, seconds: float):
     """rayb's training loop with each step after `after` held back `seconds`, so that a test's kill after
     that step's checkpoint lands before training ends on any machine (holding a step changes none of its

@@ -81,7 +81,7 @@ def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_p
     def kill_the_first_controller() -> None:
         deadline = time.monotonic() + 120
         while not killed and time.monotonic() < deadline:
-            for process in ray_processes("TrainController")[:1]:
+            for process in ray_processes("EnvController")[:1]:
                 process.kill()
                 killed.append(process.pid)
             time.sleep(0.05)
@@ -103,7 +103,7 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
         return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
 
     def left() -> list:
-        return ray_processes("TrainController") + ray_processes("RayTrainWorker")
+        return ray_processes("EnvController") + ray_processes("RayTrainWorker")
 
     pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
     first, earlier = pack.trials[0].trial_dir, held()

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    actor_runtime_envs,
     loop_with_steps_held,
     ray_processes,
     registered_checkpoint_trial,
@@ -159,8 +160,25 @@ def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     """rayb passes Ray Train no datasets: its runs start no DatasetManager actor; nor does any run start
     Ray Train's placement-group cleaner actor, which without a dashboard cannot work (trainer.PackTrainer)."""
     started = {actor["ActorClassName"] for actor in session_actors()}
-    assert "TrainController" in started, sorted(started)
+    assert "EnvController" in started, sorted(started)
     assert not started & {"DatasetManager", "PlacementGroupCleaner"}, sorted(started)
+
+
+def test_ray_trains_controller_starts_with_no_runtime_env_of_its_own_yet_passes_its_settings_on(runs):
+    """Ray starts an actor that has a runtime_env of its own in a new process, never on one of its idle
+    workers, and so each actor that actor starts (2.2-2.7 s each on 2 cores): Ray Train's controller
+    (trainer.EnvController) and its synchronization actor have none. The controller still has Ray Train's
+    settings, and hands them to its workers."""
+    import os
+
+    from rayb.train.trainer import GROUP_START_TIMEOUT, HEALTH_CHECK_INTERVAL
+
+    assert not [env for env in actor_runtime_envs("EnvController") + actor_runtime_envs("SynchronizationActor")
+                if env.get("env_vars")]  # fmt: skip
+    assert actor_runtime_envs("EnvController")
+    settings = {name: os.environ[name] for name, _ in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT)}
+    workers = actor_runtime_envs("RayTrainWorker")
+    assert workers and all(env["env_vars"].items() >= settings.items() for env in workers), workers
 
 
 def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(trained):
@@ -331,7 +349,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
         assert time.time() < deadline and thread.is_alive(), "no checkpoint registered in time"
         time.sleep(0.05)
     assert held() - earlier, "the run holds no placement group"
-    (controller,) = ray_processes("TrainController.run")  # the running one, not one that ended
+    (controller,) = ray_processes("EnvController.run")  # the running one, not one that ended
     controller.send_signal(signal.SIGKILL)
     thread.join(timeout=120)
     assert died and not thread.is_alive()
