@@ -13,11 +13,11 @@ report, and the exit (Ray's shutdown). Beside the walls, each loop's median opti
 a step's cost is paid again by every trial, whatever the fixed costs, and a slope between two whole runs
 (the cost of one more trial, below) moves with the machine's drift from one run to the next, which the
 step's ratio, measured within runs, does not. The stack's floor (FLOOR below) is timed too: what a run on Ray
-Train and DeepSpeed costs with nothing trained, a bound on how close any such run can come. And the CPU
-each run spent, rayb's by kind of process (its driver, Train workers, eval actors, Ray Train's other
-actors, rayb's trial queue, Ray's own processes): no run ends sooner than its CPU over the machine's
-cores, so where that exceeds a target's wall, overlapping more cannot meet it and only spending less CPU
-can.
+Train and DeepSpeed costs with nothing trained, a bound on how close a run of Ray Train's own can come;
+and the same run through rayb's trainer, which starts less than Ray Train's does. And the CPU each run
+spent, rayb's by kind of process (its driver, Train workers, eval actors, Ray Train's other actors, rayb's
+trial queue, Ray's own processes): no run ends sooner than its CPU over the machine's cores, so where that
+exceeds a target's wall, overlapping more cannot meet it and only spending less CPU can.
 
     python bench/overhead.py                     # 1, 3 and 10 seeds (about 15 minutes on 2 cores)
     python bench/overhead.py --seeds 1 3 --smoke   # also the whole smoke study from nothing, timed
@@ -72,13 +72,15 @@ def one_time_builds() -> dict[str, float]:
 # starts one worker, which imports DeepSpeed and returns, and Ray's shutdown. Nothing is trained, evaluated
 # or written: what any study run on Ray Train + DeepSpeed pays before its first step, whatever rayb does.
 # With "driver" as its second argument, the driver imports DeepSpeed itself and starts no worker group:
-# the difference is what a worker group costs to start and stop.
+# the difference is what a worker group costs to start and stop. With "rayb", the same run goes through
+# rayb's trainer (train/trainer.PackTrainer, as on rayb's private Ray): what rayb changes in Ray Train's run.
 FLOOR = """
 import sys
 from ray.train import RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from rayb.runtime import init_ray
 from rayb.train.backend import TorchGroup
+from rayb.train.trainer import PackTrainer
 
 STORAGE, MODE = sys.argv[1:3]  # globals of __main__: pickled by value, so the remote loop sees them
 
@@ -89,8 +91,12 @@ init_ray()
 if MODE == "driver":
     loop({})
 else:
-    DataParallelTrainer(loop, backend_config=TorchGroup("gloo"), scaling_config=ScalingConfig(num_workers=1),
-                        run_config=RunConfig(storage_path=STORAGE)).fit()
+    run = dict(backend_config=TorchGroup("gloo"), scaling_config=ScalingConfig(num_workers=1),
+               run_config=RunConfig(storage_path=STORAGE))
+    if MODE == "rayb":
+        PackTrainer(loop, requests_resources=False, **run).fit()
+    else:
+        DataParallelTrainer(loop, **run).fit()
 """
 
 
@@ -374,10 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data preparation of the smoke corpus: {build_s:.1f} s building the cache, {prep_wall:.1f} s as a "
           "process with Ray's start (target ≤ 15 s)")  # fmt: skip
 
-    floor, driver_only = stack_floor(work, "train"), stack_floor(work, "driver")
+    floor, driver_only, through_rayb = (stack_floor(work, mode) for mode in ("train", "driver", "rayb"))
     print(f"the stack's floor (Ray's start, one Train run whose worker imports DeepSpeed, nothing trained): "
           f"{floor:.1f} s; of which Train's worker group {floor - driver_only:.1f} s (the driver importing "
-          f"DeepSpeed itself: {driver_only:.1f} s)")  # fmt: skip
+          f"DeepSpeed itself: {driver_only:.1f} s); the same run through rayb's trainer: "
+          f"{through_rayb:.1f} s, its worker group {through_rayb - driver_only:.1f} s")  # fmt: skip
     repeats: dict[int, list[tuple[dict, float]]] = {}
     for n, study in studies.items():
         for i in range(args.repeats):

@@ -99,13 +99,16 @@ class UnservedScalingPolicy(FixedScalingPolicy):
 
 class EnvController(TrainController):
     """Ray Train's controller, handed the environment variables Ray Train propagates as an argument rather
-    than in a runtime_env. Ray starts an actor with a runtime_env of its own in a new process, never on one
-    of the idle workers it keeps (so does every actor that actor starts, inheriting the runtime_env: the
-    run's SynchronizationActor): 2.2-2.7 s each on 2 cores, against 0.2 s. A bare run's `fit` took
-    15.5-15.9 s with Ray Train's controller and 9.8-10.6 s with this one, on an idle machine. Ray Train
-    reads every such variable in the controller when it is used, none at import, so setting them first
-    thing in the controller's process is the same; its workers still get them in a runtime_env, from the
-    controller's environment."""
+    than in a runtime_env. Ray never runs an actor that has a runtime_env of its own on the idle workers it
+    starts ahead (they have none), nor any actor that actor starts, which inherits it (the run's
+    SynchronizationActor): each gets a new process, 2.2-2.7 s on 2 cores against 0.2 s for an idle worker.
+    An empty loop's PackTrainer.fit took 13.9-14.0 s with Ray Train's controller and 9.7-10.7 s with this
+    one (three runs each, interleaved, 2 cores); in a study the pool's queue takes one of the two idle
+    workers a 2-CPU Ray starts, and the synchronization actor still starts a process. Ray Train reads
+    each such variable in the controller when it uses it, so setting them first thing in the controller's
+    process is the same; its workers still get them in a runtime_env, from the controller's environment.
+    The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train` exports: rayb needs V2,
+    Ray's default."""
 
     def __init__(self, env_vars: dict[str, str], **kwargs):
         os.environ.update(env_vars)
