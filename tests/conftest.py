@@ -102,14 +102,17 @@ def session_actors(class_name: str | None = None) -> list[dict]:
 
 
 def actor_runtime_envs(class_name: str) -> list[dict]:
-    """The runtime_env of its own that each actor of `class_name` in the connected session was started with
-    ({} for none), as the GCS has it."""
+    """The runtime_env that each actor of `class_name` in this driver's job was started with ({} for none),
+    as the GCS has it. Only this job's: another driver on the session's Ray may give its job one."""
+    import ray
     from ray._private.state import state
     from ray.core.generated import gcs_pb2
 
+    job = ray.get_runtime_context().get_job_id()
     table = state._connect_and_get_accessor().get_actor_table(None, None)
     actors = [gcs_pb2.ActorTableData.FromString(raw) for raw in table]
-    return [json.loads(a.serialized_runtime_env or "{}") for a in actors if a.class_name == class_name]
+    return [json.loads(a.serialized_runtime_env or "{}") for a in actors
+            if a.class_name == class_name and a.job_id.hex() == job]  # fmt: skip
 
 
 def loop_with_steps_held(after: int, seconds: float):

@@ -236,8 +236,8 @@ def test_the_live_view_on_a_real_terminal(ray_session, tmp_path):
     assert re.search(r"gpt2\s+│\s+0\s+│\s+0\.003\s+│\s+\d+/24", text)  # a trial's row with its step
     tail = text[text.rindex("live: 2 trials") :]
     assert "gpt2 (ref)" in tail and "Gate, mamba vs gpt2: " in tail  # then the verdict, last
-    for noise in ("RayTrainWorker", "TrainController", "EnvController", "Attempting to start training worker group",
-                  "streaming_executor"):  # fmt: skip
+    for noise in ("RayTrainWorker", "TrainController", "EnvController",
+                  "Attempting to start training worker group", "streaming_executor"):  # fmt: skip
         assert noise not in text, noise
     (logs,) = re.findall(r"Ray's own logs: (\S+) \(driver\)", text)
     assert os.path.isabs(logs) and os.path.isfile(logs)

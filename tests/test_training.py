@@ -173,9 +173,9 @@ def test_ray_trains_controller_starts_with_no_runtime_env_of_its_own_yet_passes_
 
     from rayb.train.trainer import GROUP_START_TIMEOUT, HEALTH_CHECK_INTERVAL
 
-    assert not [env for env in actor_runtime_envs("EnvController") + actor_runtime_envs("SynchronizationActor")
-                if env.get("env_vars")]  # fmt: skip
-    assert actor_runtime_envs("EnvController")
+    controllers, sync_actors = actor_runtime_envs("EnvController"), actor_runtime_envs("SynchronizationActor")
+    assert controllers and sync_actors
+    assert not [env for env in controllers + sync_actors if env.get("env_vars")]
     settings = {name: os.environ[name] for name, _ in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT)}
     workers = actor_runtime_envs("RayTrainWorker")
     assert workers and all(env["env_vars"].items() >= settings.items() for env in workers), workers
