@@ -9,6 +9,8 @@ import math
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,43 +49,52 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
     #   CPU from training, whose steps took 10-14% longer over ten seeds on 2 cores. Python's own
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
-    context = ray.init(
-        # A new instance, not Ray's default: that joins the cluster a `ray start` on this machine last
-        # started, where one has left its address, and fails there on the settings below.
-        address="local",
-        # The machine's real cores: a trial holds only its workers' CPUs (its Train controller holds
-        # none), so nothing needs more slots than there are cores.
-        num_cpus=os.cpu_count() or 1,
-        # The dashboard (on 127.0.0.1 only) only when asked: it is a head process and nine module
-        # processes, which on 2 cores took 1.2-1.5 s of Ray's start and about 4.5 CPU-seconds of a study's
-        # first minute. rayb itself needs nothing from it: the worker pool's runs read the GCS
-        # (tune/group.TrialQueue), not the State API the dashboard serves.
-        include_dashboard=dashboard,
-        **quiet,
-    )
-    # Registered after Ray's own exit handler (registered as ray imports), so it runs first.
-    atexit.register(_shut_down_at_exit, quiet["log_to_driver"])
+    with _without_unused_monitors(log_to_driver=quiet["log_to_driver"]):
+        context = ray.init(
+            # A new instance, not Ray's default: that joins the cluster a `ray start` on this machine last
+            # started, where one has left its address, and fails there on the settings below.
+            address="local",
+            # The machine's real cores: a trial holds only its workers' CPUs (its Train controller holds
+            # none), so nothing needs more slots than there are cores.
+            num_cpus=os.cpu_count() or 1,
+            # The dashboard (on 127.0.0.1 only) only when asked: it is a head process and nine module
+            # processes, which on 2 cores took 1.2-1.5 s of Ray's start and about 4.5 CPU-seconds of a study's
+            # first minute. rayb itself needs nothing from it: the worker pool's runs read the GCS
+            # (tune/group.TrialQueue), not the State API the dashboard serves.
+            include_dashboard=dashboard,
+            **quiet,
+        )
+    if not quiet["log_to_driver"]:
+        # At exit Ray sleeps 0.5 s so that its workers' last lines reach the terminal; where they go to log
+        # files instead (`rayb run` without -v), rayb shuts Ray down itself first, without that sleep.
+        # Registered after Ray's own exit handler (registered as ray imports), so it runs first.
+        atexit.register(ray.shutdown)
     return context.dashboard_url or None
 
 
-def _shut_down_at_exit(workers_print_here: bool) -> None:
-    """Shut the local instance down as Ray's exit handler would, less two waits: the exit of a 1-seed
-    `rayb run` took 0.4 s instead of 1.95 s on 2 cores. Ray's shutdown stops the processes one at a time,
-    each given a second to exit after SIGTERM, and the autoscaler monitor takes all of it (0.7 s even with
-    the GCS up; else the whole second, then SIGKILL), though over a fixed local instance it has nothing to
-    finish: it is killed first. And at exit Ray sleeps 0.5 s so that its workers' last lines reach the
-    terminal: where they go to log files instead (`rayb run` without -v), rayb shuts Ray down itself,
-    without that sleep."""
-    import ray
-    from ray._private import ray_constants
+@contextmanager
+def _without_unused_monitors(log_to_driver: bool) -> Iterator[None]:
+    """Within, Ray starts a local instance without two processes a private one has no use for: the
+    autoscaler's monitor (no autoscaler serves one fixed node: `capacity` reads it as fixed without a
+    monitor too) and, where the workers' output goes to files rather than this terminal, the log monitor
+    that streams it to the driver. Each is a Python process that took about a CPU-second of Ray's start on
+    2 cores (Ray's start: 6.1 s and 8.6 CPU-seconds with them, 5.1 s and 6.3 without, medians of five
+    interleaved pairs) and polls on through the study; and at exit Ray's shutdown gave the monitor its
+    whole second to stop. `ray start` has flags for both (--no-monitor, --include-log-monitor); ray.init
+    has none, so rayb sets them on the RayParams ray.init builds (not public API: Ray 2.60's)."""
+    from ray._private import parameter
 
-    node = ray._private.worker._global_node  # not public API: the processes this driver started
-    for info in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
-        if info.process.poll() is None:
-            info.process.kill()
-            info.process.wait()
-    if not workers_print_here:
-        ray.shutdown()
+    original = parameter.RayParams.__init__
+
+    def without_monitors(params, *args, **kwargs) -> None:
+        original(params, *args, **kwargs)
+        params.no_monitor, params.include_log_monitor = True, log_to_driver
+
+    parameter.RayParams.__init__ = without_monitors
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = original
 
 
 def _quiet_driver(log_file: Path) -> None:

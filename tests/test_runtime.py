@@ -105,9 +105,10 @@ def test_a_driver_without_ray_address_starts_its_own_ray_where_ray_start_left_on
 
 @pytest.mark.parametrize("workers_print_here", [False, True], ids=["quiet", "verbose"])
 def test_a_local_instance_shuts_down_cleanly_when_its_driver_exits(ray_session, tmp_path, workers_print_here):
-    """rayb shuts its local instance down at exit itself (its autoscaler monitor killed first; without
-    Ray's wait for worker output where that goes to log files): the driver exits cleanly, with no error
-    from an exit handler, and every process of the instance, its actors' workers too, is gone."""
+    """rayb's local instance runs no autoscaler monitor, and a log monitor only where the workers' output
+    comes to this terminal. rayb shuts it down at exit itself (without Ray's wait for worker output where
+    that goes to log files): the driver exits cleanly, with no error from an exit handler, and every
+    process of the instance, its actors' workers too, is gone."""
     ray_logs = None if workers_print_here else f"pathlib.Path({str(tmp_path / 'ray.log')!r})"
     driver = (
         "import os, pathlib, ray; from rayb.runtime import init_ray\n"
@@ -115,13 +116,16 @@ def test_a_local_instance_shuts_down_cleanly_when_its_driver_exits(ray_session, 
         "node = ray._private.worker._global_node\n"
         "pids = [info.process.pid for infos in node.all_processes.values() for info in infos]\n"
         "actor = ray.remote(num_cpus=0)(type('Pid', (), {'pid': lambda self: os.getpid()})).remote()\n"
+        "print(*sorted(node.all_processes))\n"
         "print(*pids, ray.get(actor.pid.remote()))\n"
     )
     done = own_local_ray(driver)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # an exit handler's error is only printed
-    pids = [int(pid) for pid in done.stdout.split()]
-    assert len(pids) >= 4  # the GCS, the raylet, the monitor, ..., and the actor's worker
+    kinds, pids = done.stdout.splitlines()[-2:]
+    assert "monitor" not in kinds.split() and ("log_monitor" in kinds.split()) == workers_print_here, kinds
+    pids = [int(pid) for pid in pids.split()]
+    assert len(pids) >= 3  # the GCS, the raylet, ..., and the actor's worker
     # The raylet's workers and agents end as it does; a moment for the last of them to be reaped.
     deadline = time.monotonic() + 30
     while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
@@ -138,7 +142,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_local_instance_is_a_fixed_cluster(ray_session):
-    """rayb's own local Ray runs an autoscaler monitor over the nodes it has (no configuration): fixed."""
+    """rayb's own local Ray runs no autoscaler monitor: fixed."""
     from rayb import runtime
 
     capacity = runtime.capacity()
