@@ -445,6 +445,50 @@ def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, 
     assert json.loads(storage.read_bytes(storage.join(trial.trial_dir, TRAIN_DONE)))["status"] == "ok"
 
 
+def _lost_once_step_8_is_stored(config):
+    """rayb's loop on a worker lost the moment Ray Train has stored its step-8 checkpoint, before the next
+    line of rayb's code, and long after its log's last timed upload (none comes within the run)."""
+    import ray.train
+
+    from rayb.train import loop
+    from rayb.train.metrics_log import MetricsLog
+
+    MetricsLog.PUSH_EVERY_S = float("inf")
+    real_report = ray.train.report
+
+    def report(metrics, **kwargs):
+        real_report(metrics, **kwargs)
+        if metrics["step"] == 8:
+            raise _Stopped
+
+    ray.train.report = report
+    try:
+        loop.train_loop_per_worker(config)
+    except _Stopped:
+        pass
+    finally:
+        ray.train.report = real_report
+
+
+def test_a_trial_lost_just_after_a_checkpoint_resumes_its_whole_log(runs, tiny_cache, s3_bucket):
+    """On object storage the metrics log is uploaded, not appended: it reaches the store before each
+    checkpoint, so a worker lost once the checkpoint is stored (a node lost on a cluster) resumes from it
+    with every step before it logged, and the curve is the uninterrupted one."""
+    _, reference_dir = runs[("gpt2", 1)]
+    (trial,) = [t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, f"s3://{s3_bucket}/out")
+                if t.arch == "gpt2"]  # fmt: skip
+    pack_trainer(TrialPack((trial,)), loop=_lost_once_step_8_is_stored).fit()
+    assert not storage.exists(storage.join(trial.trial_dir, TRAIN_DONE))
+    # The same run again: Ray Train's own latest checkpoint is step 8's.
+    pack_trainer(TrialPack((trial,))).fit()
+    log = read_metrics(storage.join(trial.trial_dir, METRICS))
+    assert [r["step"] for r in log if r["kind"] == "resume"] == [8]
+    reference = read_metrics(reference_dir / METRICS)
+    assert [(r["step"], r["loss"]) for r in log if r["kind"] == "train"] == [
+        (r["step"], r["loss"]) for r in reference if r["kind"] == "train"
+    ]
+
+
 @pytest.mark.parametrize("n", [1, 8, 13, 40])
 def test_interim_validation_reads_every_source_in_its_share(tiny_cache, n):
     """Validation rows lie source after source; the interim slice must not be the first source alone."""

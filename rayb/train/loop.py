@@ -435,8 +435,10 @@ def _end_of_step(run: _Run, done: int) -> None:
         val_loss = _validation_loss(run)
         run.log.write(kind="val", step=done, val_loss=val_loss)
         began = time.perf_counter()
+        # The log reaches the store before the checkpoint does: a resume from it, anywhere, continues the
+        # log from its step (a worker lost between the two would otherwise leave a gap in the curve).
+        run.log.push()
         _checkpoint(run, done, {"step": done, "val_loss": val_loss})
-        run.log.push()  # the log reaches the store with each checkpoint: a resume elsewhere continues it
         run.timings["checkpoint_s"] += time.perf_counter() - began
 
 
