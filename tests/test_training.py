@@ -334,6 +334,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     name, earlier = f"queue-{tmp_path.name}", held()
     queue = queue_actor(relay=4).options(name=name, num_cpus=0).remote({pack.queue: [trial.key]})
     died: list[Exception] = []
+    ended = {p.pid for p in ray_processes("EnvController")}  # earlier runs' controllers, on their way out
 
     def fit() -> None:
         try:
@@ -349,7 +350,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
         assert time.time() < deadline and thread.is_alive(), "no checkpoint registered in time"
         time.sleep(0.05)
     assert held() - earlier, "the run holds no placement group"
-    (controller,) = ray_processes("EnvController.run")  # the running one, not one that ended
+    (controller,) = [p for p in ray_processes("EnvController") if p.pid not in ended]  # the running run's
     controller.send_signal(signal.SIGKILL)
     thread.join(timeout=120)
     assert died and not thread.is_alive()
@@ -445,9 +446,10 @@ def test_a_trial_resumes_in_whichever_run_a_relaunch_packs_it(runs, tiny_cache, 
     assert json.loads(storage.read_bytes(storage.join(trial.trial_dir, TRAIN_DONE)))["status"] == "ok"
 
 
-def _lost_once_step_8_is_stored(config):
-    """rayb's loop on a worker lost the moment Ray Train has stored its step-8 checkpoint, before the next
-    line of rayb's code, and long after its log's last timed upload (none comes within the run)."""
+def _lost_once_step_8_is_reported(config):
+    """rayb's loop on a worker lost the moment it has reported its step-8 checkpoint (which Ray Train goes
+    on to store and register), before the next line of rayb's code, and long after its log's last timed
+    upload (none comes within the run)."""
     import ray.train
 
     from rayb.train import loop
@@ -477,7 +479,7 @@ def test_a_trial_lost_just_after_a_checkpoint_resumes_its_whole_log(runs, tiny_c
     _, reference_dir = runs[("gpt2", 1)]
     (trial,) = [t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, f"s3://{s3_bucket}/out")
                 if t.arch == "gpt2"]  # fmt: skip
-    pack_trainer(TrialPack((trial,)), loop=_lost_once_step_8_is_stored).fit()
+    pack_trainer(TrialPack((trial,)), loop=_lost_once_step_8_is_reported).fit()
     assert not storage.exists(storage.join(trial.trial_dir, TRAIN_DONE))
     # The same run again: Ray Train's own latest checkpoint is step 8's.
     pack_trainer(TrialPack((trial,))).fit()

@@ -46,10 +46,19 @@ from rayb.train.deepspeed_imports import hidden, without_muon
 from rayb.train.metrics_log import MetricsLog
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
-from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
+from rayb.train.trial import (
+    LATEST_CHECKPOINT,
+    TRAIN_DONE,
+    TrialPack,
+    TrialSpec,
+    checkpoint_record,
+    checkpoint_tag,
+    read_metrics,
+    tag_step,
+    tag_trial,
+)
 
 METRICS = "metrics.jsonl"
-LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -243,7 +252,7 @@ def latest_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
     and this run's latest checkpoint if that is the trial's (in a pack, it may be an earlier trial's); as
     {"run", "checkpoint" (its directory in the run), "tag" (DeepSpeed's, `<trial key>-step<N>`)}."""
     candidates = [c for c in (_recorded_checkpoint(trial), _run_checkpoint(trial)) if c]
-    return max(candidates, key=_tag_step) if candidates else None
+    return max(candidates, key=lambda record: tag_step(record["tag"])) if candidates else None
 
 
 def _recorded_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
@@ -261,26 +270,16 @@ def _run_checkpoint(trial: TrialSpec) -> dict[str, str] | None:
     checkpoint = ray.train.get_checkpoint()
     if not checkpoint:
         return None
-    record = _describe(checkpoint)
     # Read from the `latest` file on storage, without fetching the checkpoint.
     with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/latest") as f:
-        record["tag"] = f.read().decode().strip()
-    return record if record["tag"].rpartition("-step")[0] == trial.key else None
-
-
-def _describe(checkpoint) -> dict[str, str]:
-    """A checkpoint of this run, named relative to the storage path (the same URI from every node)."""
-    return {"run": _this_run(), "checkpoint": storage.name(checkpoint.path)}
+        tag = f.read().decode().strip()
+    return checkpoint_record(_this_run(), checkpoint.path, tag) if tag_trial(tag) == trial.key else None
 
 
 def _this_run() -> str:
     import ray.train
 
     return ray.train.get_context().get_experiment_name()
-
-
-def _tag_step(record: dict[str, str]) -> int:
-    return int(record["tag"].rpartition("-step")[2])
 
 
 def checkpoint_location(trial: TrialSpec, record: dict[str, str]) -> str:
@@ -467,21 +466,25 @@ def validation_rows(total: int, n: int) -> np.ndarray:
 
 
 def _checkpoint(run: _Run, step: int, metrics: dict[str, float]) -> None:
-    """Every rank saves its DeepSpeed shard and its random state and reports them; Ray Train merges the
-    ranks' files in storage. The tag names the trial, so a pack's run knows whose its latest checkpoint
-    is; and the trial's own record names the checkpoint, so a relaunch in any other run finds it."""
+    """Every rank saves its DeepSpeed shard and its random state and reports them. Ray Train uploads each
+    rank's files from a thread of its own while training goes on, and registers the checkpoint once every
+    rank's are stored; the run's controller then records it as the trial's latest (trainer.
+    CheckpointRecorder), so a relaunch in any other run finds it. One upload in flight per rank: the next
+    checkpoint waits for the last one's to be registered (its local copy deleted), so a store slower than
+    the checkpoints cannot fill a worker's disk."""
     import ray.train
+    from ray.train import CheckpointConsistencyMode, CheckpointUploadMode
 
-    tag = f"{run.trial.key}-step{step}"
-    with tempfile.TemporaryDirectory() as tmp:
-        run.engine.save_checkpoint(tmp, tag=tag, client_state={"step": step})
-        save_rng(Path(tmp), run.rank)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-    run.comm.barrier()  # report returns once this rank's files are stored: the record waits for every rank's
-    if run.rank == 0:
-        # After a report, the run's checkpoint is the one just stored (its place in storage).
-        record = _describe(ray.train.get_checkpoint()) | {"tag": tag}
-        storage.write_bytes(storage.join(run.trial.trial_dir, LATEST_CHECKPOINT), json.dumps(record).encode())
+    ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)
+    tag = checkpoint_tag(run.trial.key, step)
+    local = Path(tempfile.mkdtemp(prefix="rayb-checkpoint-"))  # Ray Train deletes it once uploaded
+    run.engine.save_checkpoint(str(local), tag=tag, client_state={"step": step})
+    save_rng(local, run.rank)
+    ray.train.report(
+        metrics | {"tag": tag},
+        checkpoint=ray.train.Checkpoint.from_directory(local),
+        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+    )
 
 
 # ----- the end of the trial ----------------------------------------------------------------------------

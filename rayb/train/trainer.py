@@ -4,6 +4,8 @@ it trains."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import time
@@ -17,13 +19,14 @@ from ray.train.v2._internal.constants import (
     DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
     get_env_vars_to_propagate,
 )
-from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from rayb import storage
 from rayb.train.backend import TorchGroup
-from rayb.train.trial import TrialPack
+from rayb.train.trial import LATEST_CHECKPOINT, TrialPack, checkpoint_record, tag_trial
 from rayb.tune.packs import worker_resources
 
 if TYPE_CHECKING:  # Ray Train's controller, which unpickles this module, imports none of these
@@ -41,6 +44,8 @@ HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # that has not started for as long as it takes (its default), and the sweep's ClusterWatch (tune/sweep.py)
 # ends a wait that the cluster can no longer ever satisfy.
 GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
+
+logger = logging.getLogger(__name__)
 
 
 class PoolCleaner(ControllerCallback, WorkerGroupCallback):
@@ -84,6 +89,30 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
             self.controller = None
 
 
+class CheckpointRecorder(ReportCallback):
+    """Records each checkpoint Ray Train registers as its trial's latest, in the trial's own directory:
+    in the run's controller, as soon as every rank's files are stored (the workers upload them on threads
+    of their own while they train: train/loop._checkpoint). A relaunch that packs the trial into another
+    run resumes from the record; Ray Train's own snapshot serves only its run."""
+
+    def __init__(self, pack: TrialPack):
+        self.run = pack.run_name
+        self.trial_dirs = {trial.key: trial.trial_dir for trial in pack.trials}
+
+    def after_report(self, training_report, metrics) -> None:
+        checkpoint = training_report.checkpoint
+        if checkpoint is None:
+            return
+        tag = training_report.metrics["tag"]
+        record = checkpoint_record(self.run, checkpoint.path, tag)
+        try:
+            storage.write_bytes(
+                storage.join(self.trial_dirs[tag_trial(tag)], LATEST_CHECKPOINT), json.dumps(record).encode()
+            )
+        except Exception:  # the last record stands: a relaunch elsewhere resumes from an earlier checkpoint
+            logger.warning("recording checkpoint %s failed", record, exc_info=True)
+
+
 class UnservedScalingPolicy(FixedScalingPolicy):
     """Ray Train's policy for a fixed worker group, less its resource requests: where no autoscaler serves
     them (rayb's private local instance), they would only keep Ray Train's autoscaling coordinator alive,
@@ -122,11 +151,13 @@ class PackTrainer(DataParallelTrainer):
     a run start Ray Train's placement-group cleaner, a detached actor per run that asks the dashboard's
     State API about its controller every second (rayb starts no local dashboard; without one the cleaner
     only logs that it cannot ask). A run of the pool (`queue`: its TrialQueue actor's name) has the queue
-    clean up after it (PoolCleaner); a run outside the pool (a test's single pack) has no cleaner. Without
+    clean up after it (PoolCleaner); a run outside the pool (a test's single pack) has no cleaner. A run of
+    a `pack` records each checkpoint it registers in its trial's directory (CheckpointRecorder). Without
     `requests_resources` a run asks no autoscaler for its workers (UnservedScalingPolicy)."""
 
-    def __init__(self, *args, queue: str | None = None, requests_resources: bool = True, **kwargs):
-        self.queue, self.requests_resources = queue, requests_resources
+    def __init__(self, *args, pack: TrialPack | None = None, queue: str | None = None,
+                 requests_resources: bool = True, **kwargs):  # fmt: skip
+        self.pack, self.queue, self.requests_resources = pack, queue, requests_resources
         super().__init__(*args, **kwargs)
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
@@ -153,7 +184,8 @@ class PackTrainer(DataParallelTrainer):
     def _create_default_callbacks(self):
         dropped = (DatasetsCallback, PlacementGroupCleanerCallback)
         callbacks = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
-        return callbacks + ([PoolCleaner(self.queue)] if self.queue else [])
+        recorder = [CheckpointRecorder(self.pack)] if self.pack else []
+        return callbacks + recorder + ([PoolCleaner(self.queue)] if self.queue else [])
 
 
 def pack_trainer(
@@ -176,6 +208,7 @@ def pack_trainer(
     t = pack.train
     return PackTrainer(
         loop or train_on_worker,
+        pack=pack,
         queue=queue,
         requests_resources=requests_resources,
         # When, and on which node, the driver asked for the group: the loop reports how long the group

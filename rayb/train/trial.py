@@ -15,6 +15,27 @@ from rayb.train.spec import TrainSpec
 
 TRAIN_DONE = "train_result.json"  # written last by the training loop: its presence means "trained"
 TRIAL_ERROR = "error.txt"  # the traceback of a trial whose training failed (cleared when it trains again)
+LATEST_CHECKPOINT = "checkpoint.json"  # in a trial's directory: its latest checkpoint, in whichever run
+
+
+def checkpoint_tag(key: str, step: int) -> str:
+    """DeepSpeed's tag for a trial's checkpoint after `step` steps: it names the trial, so a pack's run
+    knows whose its latest checkpoint is."""
+    return f"{key}-step{step}"
+
+
+def checkpoint_record(run: str, checkpoint: str, tag: str) -> dict[str, str]:
+    """A trial's checkpoint as its record names it: its Ray Train run and its directory there (relative to
+    the storage path: the same from every node), and DeepSpeed's tag."""
+    return {"run": run, "checkpoint": storage.name(checkpoint), "tag": tag}
+
+
+def tag_trial(tag: str) -> str:
+    return tag.rpartition("-step")[0]
+
+
+def tag_step(tag: str) -> int:
+    return int(tag.rpartition("-step")[2])
 
 
 @dataclass(frozen=True)
