@@ -50,6 +50,3 @@ class HostCollectives:
         box: list[Any] = [value]
         self._dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
-
-    def barrier(self) -> None:
-        self._dist.barrier(group=self.group)
