@@ -477,8 +477,8 @@ def test_a_trial_lost_just_after_a_checkpoint_resumes_its_whole_log(runs, tiny_c
     checkpoint, so a worker lost once the checkpoint is stored (a node lost on a cluster) resumes from it
     with every step before it logged, and the curve is the uninterrupted one."""
     _, reference_dir = runs[("gpt2", 1)]
-    (trial,) = [t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, f"s3://{s3_bucket}/out")
-                if t.arch == "gpt2"]  # fmt: skip
+    study = parse_study(tiny_study_dict(seeds=[0]))
+    (trial,) = [t for t in plan_trials(study, tiny_cache, f"s3://{s3_bucket}/out") if t.arch == "gpt2"]
     pack_trainer(TrialPack((trial,)), loop=_lost_once_step_8_is_reported).fit()
     assert not storage.exists(storage.join(trial.trial_dir, TRAIN_DONE))
     # The same run again: Ray Train's own latest checkpoint is step 8's.
