@@ -65,7 +65,9 @@ def registered_checkpoint_trial(run_dir: Path) -> str | None:
     latest = _latest_checkpoint(run_dir)
     if not latest:
         return None
-    return (run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip().rpartition("-step")[0]
+    from rayb.train.trial import tag_trial
+
+    return tag_trial((run_dir / latest["checkpoint_dir_name"] / "latest").read_text().strip())
 
 
 def ray_processes(actor_class: str) -> list:
