@@ -97,24 +97,33 @@ def _without_unused_monitors(log_to_driver: bool) -> Iterator[None]:
         parameter.RayParams.__init__ = original
 
 
+DRIVER_LOG_HANDLER = "rayb-driver-log"  # the name of the handler `_quiet_driver` gives Ray's loggers
+
+
 def _quiet_driver(log_file: Path) -> None:
-    """Ray's driver-side log records (Ray Data's included) into `log_file` rather than the terminal, and
-    Ray Data's progress bars off. Ray's loggers keep their own files (Ray Data's ray-data.log in the
-    session logs)."""
+    """Ray's driver-side log records (Ray Data's included) from INFO up into `log_file` rather than the
+    terminal, and Ray Data's progress bars off. Ray's loggers keep their own files (Ray Data's ray-data.log
+    in the session logs, at DEBUG). A process that runs several studies (a notebook, the test suite) logs
+    each one's records to that study's file only: this replaces the handler an earlier study got."""
     import logging
 
     from ray.data import DataContext  # importing Ray Data sets up its loggers: reroute them after
 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(log_file)
+    to_file.set_name(DRIVER_LOG_HANDLER)
+    to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     ray_loggers = [logging.getLogger("ray")] + [
         logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("ray.")
     ]
     for logger in ray_loggers:
         for handler in list(logger.handlers):
+            if handler.get_name() == DRIVER_LOG_HANDLER:  # an earlier study's file
+                logger.removeHandler(handler)
+                handler.close()
             # Handlers that write to a terminal go; Ray's own files (Ray Data's session file) stay.
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            elif isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 logger.removeHandler(handler)
     ray_loggers[0].propagate = False
     # "ray", and the loggers that do not pass their records up to it (Ray Data's "ray.data").

@@ -141,6 +141,41 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; its parent (init, once the driver is gone) reaps it
 
 
+def test_no_driver_collects_ray_data_usage(tiny_cache):
+    """Ray Data collects no usage in rayb's drivers (the suite's has run Ray Data for the token cache): no
+    thread polling Prometheus every 10 s, with a traceback logged per failed query, and no actor process."""
+    import threading
+
+    import ray
+
+    assert "data-usage-metrics-poller" not in [thread.name for thread in threading.enumerate()]
+    with pytest.raises(ValueError):
+        ray.get_actor("DataUsageCollectionActor", namespace="DataUsageCollectionActor")
+
+
+def test_each_study_of_a_process_gets_rays_records_in_its_own_log_only(ray_session, tmp_path):
+    """A process that runs several studies (a notebook, this suite) sends Ray's driver-side records from
+    INFO up to the log of the study that runs, not to every earlier study's log too."""
+    import logging
+
+    from rayb.runtime import DRIVER_LOG_HANDLER, _quiet_driver
+
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    _quiet_driver(first)
+    logging.getLogger("ray.data").info("the first study's record")
+    _quiet_driver(second)
+    logging.getLogger("ray.data").info("the second study's record")
+    logging.getLogger("ray.data").debug("Ray Data's own chatter")  # its session file keeps it
+    logging.getLogger("ray.train").warning("a warning from Ray Train")
+    assert "the first study's record" in first.read_text()
+    assert "second" not in first.read_text() and "Ray Train" not in first.read_text()
+    text = second.read_text()
+    assert "the second study's record" in text and "a warning from Ray Train" in text
+    assert "chatter" not in text and "first" not in text
+    for name in ("ray", "ray.data"):
+        assert [h.get_name() for h in logging.getLogger(name).handlers].count(DRIVER_LOG_HANDLER) == 1
+
+
 def test_a_local_instance_is_a_fixed_cluster(ray_session):
     """rayb's own local Ray runs no autoscaler monitor: fixed."""
     from rayb import runtime

@@ -108,6 +108,13 @@ def _build(
     work_root: Path,
     progress: Callable[[str], None] | None,
 ) -> TokenCache:
+    # No Ray Data usage collection in this driver (RAY_DATA_USAGE_DISABLED=0 keeps Ray's default): from the
+    # first Dataset on, it polls Prometheus every 10 s from a thread, which Ray Data logs at DEBUG with a
+    # traceback per failed query wherever none answers (a laptop, most clusters), and it starts an actor
+    # process. Formatting those tracebacks parses source with `ast` in that thread, and Python 3.11's AST
+    # constructor is not safe in two threads at once: a study's driver raised "SystemError: AST
+    # constructor recursion depth mismatch" while it prepared data.
+    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     log = BuildLog(progress or (lambda line: None))
     tokenizer_dir = _tokenizer(spec, resolved, work_root)
     log.done("tokenizer", detail=spec.tokenizer)
