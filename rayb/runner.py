@@ -191,6 +191,7 @@ def run_study(
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.models import selfcheck
+    from rayb.report import import_in_background as import_report_libraries
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
     from rayb.train.trainer import start_train_services
@@ -269,16 +270,17 @@ def run_study(
         evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus,
                                poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers)  # fmt: skip
         stages.end("planning")
-        trained, groups = 0, 0
+        trained, groups, report_imports = 0, 0, None
 
         def train(trials_to_train: list[TrialSpec]) -> None:
             """Train on a worker pool of their own: a study in rounds of seeds starts one per round, since
             each round's decision waits on evaluations that need what the groups would hold."""
-            nonlocal trained, groups
+            nonlocal trained, groups, report_imports
             to_train = [t for t in trials_to_train if t.arch != PRETRAINED_ARCH]
             at_once = groups_at_once(to_train, slots, capacity)
             if not (pool := worker_pool(to_train, at_once, cores)):
                 return
+            report_imports = report_imports or import_report_libraries()
             trained += len({t.key for g in pool for t in g.trials})
             at_once = min(at_once, len(pool))
             groups = max(groups, at_once)
@@ -297,6 +299,8 @@ def run_study(
                 if study.seed_rounds is not None:
                     log(f"a round of seeds: training up to {_seed_counts(wanted)} seeds per model")
                 train_claimed(pending, out, study.name, train, log)
+                if report_imports:  # before anything here imports what it imports
+                    report_imports.join()
                 if study.seed_rounds is None:
                     break
                 await_held_out_loss(study, wanted, evaluated)

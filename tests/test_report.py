@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -139,6 +140,38 @@ def provenance(**verdict) -> dict:
         tiny_study_dict(name="toy", models=models, verdict={"reference": REFERENCE, **verdict})
     )
     return collect(study, ENTROPY, {"nodes": 1, "CPU": 8})
+
+
+def test_what_the_report_is_built_with_imports_in_a_background_thread():
+    """The driver imports it while its first worker group starts (runner.run_study), not at the study's
+    end: a fresh interpreter has it once the thread ends."""
+    modules = [
+        "rayb.report.study_report",
+        "scipy.stats",
+        "matplotlib.figure",
+        "matplotlib.backends.backend_agg",
+    ]
+    code = (
+        f"import sys; from rayb.report import import_in_background; modules = {modules!r}; "
+        "assert not any(m in sys.modules for m in modules); import_in_background().join(); "
+        "assert all(m in sys.modules for m in modules), [m for m in modules if m not in sys.modules]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+@pytest.mark.parametrize("idle_cpu_only", [False, True])
+def test_background_imports_run_at_the_lowest_priority_when_asked(tmp_path, monkeypatch, idle_cpu_only):
+    """The report's imports take only CPU that nothing else wants (a nice value of 19 for their thread)."""
+    from rayb.threads import import_in_background
+
+    (tmp_path / "rayb_nice_probe.py").write_text(
+        "import os, threading\nNICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rayb_nice_probe", raising=False)
+    import_in_background("rayb_nice_probe", name="probe", idle_cpu_only=idle_cpu_only).join()
+    assert sys.modules.pop("rayb_nice_probe").NICE == (19 if idle_cpu_only else os.nice(0))
 
 
 def test_verdict_identifies_better_model(results):

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from rayb import threads
 from rayb.models import kernels
 from rayb.models.registry import build_model, get_arch, is_import_path
 
@@ -176,18 +177,8 @@ class ModelToCheck:
 def import_in_background() -> threading.Thread:
     """Start importing what the checks build models with (transformers' model classes: 3.5 s on 2 cores)
     in a thread: the driver does it while it waits on Ray's start, which leaves a core free, and its
-    first trial starts 2 s sooner. Join the thread before importing anything else: two threads importing
-    modules of one package at once can each wait on an import lock the other holds."""
-    thread = threading.Thread(target=_import_model_classes, name="rayb-selfcheck-imports", daemon=True)
-    thread.start()
-    return thread
-
-
-def _import_model_classes() -> None:
-    try:
-        import transformers.modeling_utils  # noqa: F401
-    except ImportError:  # raised again, with its message, where the checks import it
-        pass
+    first trial starts 2 s sooner. Join the thread before importing anything else (threads.py says why)."""
+    return threads.import_in_background("transformers.modeling_utils", name="rayb-selfcheck-imports")
 
 
 def check_models(
