@@ -12,7 +12,8 @@ import yaml
 from conftest import tiny_study_dict
 
 from rayb import storage
-from rayb.data.cache import MANIFEST, TokenCache, shard_name
+from rayb.data import cache as token_cache
+from rayb.data.cache import MANIFEST, RangedRows, TokenCache, shard_name
 from rayb.models import build_model
 from rayb.models.registry import get_arch
 
@@ -154,9 +155,46 @@ def _uploaded(cache: TokenCache, location: str, shard_rows: int | None) -> Token
 
 
 @pytest.mark.parametrize("shard_rows", [None, 7])
+def test_a_worker_reads_a_cache_on_s3_a_block_at_a_time(
+    tiny_cache, s3_bucket, mirror, monkeypatch, shard_rows
+):
+    """A micro-batch is a few rows. A lone worker reads blocks of many (here 5 rows, so blocks end inside
+    micro-batches, and in shards of 7 rows span two), each block once in the first epoch; one of several
+    workers reads a block per micro-batch of its own, never the others' rows; every epoch's rows are the
+    local cache's."""
+    monkeypatch.setattr(token_cache, "BLOCK_BYTES", 5 * tiny_cache.seq_len * 2)
+    fetched = []
+    fetch = RangedRows._fetch
+    monkeypatch.setattr(
+        RangedRows,
+        "_fetch",
+        lambda self, block: fetched.append((self.block_rows, block)) or fetch(self, block),
+    )
+    per_epoch = tiny_cache.batches_per_epoch(8)
+    for world, micro_batch in ((1, 4), (2, 2)):
+        remote = _uploaded(tiny_cache, f"s3://{s3_bucket}/cache-{world}", shard_rows)
+        fetched.clear()
+        for step in range(3 * per_epoch):
+            for micro in range(8 // (micro_batch * world)):
+                args = (step, micro, world - 1, world, 8, micro_batch)
+                assert np.array_equal(remote.micro_batch(*args), tiny_cache.micro_batch(*args))
+            if step == per_epoch - 1:  # the first epoch: the blocks of its rows, each read once
+                if world == 1:
+                    blocks = {(5, row // 5) for row in range(per_epoch * 8)}
+                else:  # the second worker's rows of each step, 2-3 and 6-7 of 8: a block each
+                    blocks = {
+                        (2, (8 * s + 2 * (2 * micro + 1)) // 2)
+                        for s in range(per_epoch)
+                        for micro in range(2)
+                    }
+                assert sorted(fetched[: len(blocks)]) == sorted(blocks)
+    assert not list(mirror.rglob("train*.bin"))
+
+
+@pytest.mark.parametrize("shard_rows", [None, 7])
 def test_the_overfit_suite_reads_only_its_rows_of_a_cache_on_s3(tiny_cache, s3_bucket, mirror, shard_rows):
-    """The overfit suite memorises the first rows of the training split. On object storage it reads just those
-    rows, by byte range: no node downloads the split (gigabytes at scale) for a thousand rows of it."""
+    """The overfit suite memorises the first rows of the training split. On object storage it reads just the
+    block holding those rows, by byte range: no node downloads the split (gigabytes at scale) for a thousand rows of it."""
     from rayb.eval.overfit import OverfitOptions, run_overfit
     from rayb.eval.registry import EvalContext
 

@@ -9,10 +9,11 @@ Layout (nanoGPT-style flat files, memory-mapped, so a worker touches only the ro
 
 On object storage (rayb/storage.py) the training rows larger than one shard (SHARD_BYTES, pipeline.py) are
 shards, each written whole by its own task: train-00000.bin, train-00001.bin, ... of `train_shard_rows`
-rows each (in the manifest). A Train worker reads its own rows of each batch by byte range, the next
-READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads them; an evaluation that
-needs a few training rows (the overfit suite) reads them the same way. The other files a process opens
-(manifest, tokenizer, val.bin, the held-out record) are fetched into its node's mirror the first time.
+rows each (in the manifest). A Train worker reads the blocks holding its rows of each batch by byte range,
+those of the next READ_AHEAD micro-batches already on their way (`RangedRows`), so no node downloads the
+split; an evaluation that needs a few training rows (the overfit suite) reads them the same way. The other
+files a process opens (manifest, tokenizer, val.bin, the held-out record) are fetched into its node's
+mirror the first time.
 
 Global batch `s` is rows [s·G, (s+1)·G) of train.bin, whatever the number of workers: each worker
 takes an interleaved share of it. That is what makes every model's batch sequence identical.
@@ -113,20 +114,34 @@ class TokenCache:
             return self.train_rows(first, micro_batch)
         micros = global_batch // (micro_batch * world)  # micro-steps per optimizer step
         later = (divmod(step * micros + micro + k, micros) for k in range(1, READ_AHEAD + 1))
-        return self.train_rows(first, micro_batch, ahead=[first_row(s, m) for s, m in later])
+        # A lone worker trains on the rows in order: a block holds hundreds of its micro-batches. One of
+        # several trains on every world-th micro-batch: a block larger than one would read the others' rows.
+        block = None if world == 1 else micro_batch
+        return self.train_rows(first, micro_batch, ahead=[first_row(s, m) for s, m in later], block=block)
 
-    def train_rows(self, first: int, rows: int, ahead: list[int] = ()) -> np.ndarray:
+    def train_rows(
+        self, first: int, rows: int, ahead: list[int] = (), block: int | None = None
+    ) -> np.ndarray:
         """Training rows [first, first + rows), fewer past the split's end: locally a view of the
-        memory-mapped file; on object storage read by byte range (and as many rows at each of `ahead`
-        started in the background), so a reader of a few rows never downloads the split."""
+        memory-mapped file; on object storage read in blocks of `block` rows (BLOCK_BYTES by default) by
+        byte range (and the blocks of as many rows at each of `ahead` started in the background), so a
+        reader of a few rows never downloads the split."""
         rows = max(0, min(rows, self.manifest["train_rows"] - first))
         if not storage.is_remote(self.path):
             return self.train[first : first + rows]
-        return self._ranged.read(first, rows, ahead)
+        dtype = self.manifest["dtype"]
+        block = block or max(1, BLOCK_BYTES // (self.seq_len * np.dtype(dtype).itemsize))
+        if block not in self._readers:
+            shards, per = self._train_shards()
+            self._readers[block] = RangedRows(
+                shards, per, self.manifest["train_rows"], dtype, self.seq_len, block
+            )
+        return self._readers[block].read(first, rows, ahead)
 
     @cached_property
-    def _ranged(self) -> RangedRows:
-        return RangedRows(*self._train_shards(), self.manifest["dtype"], self.seq_len)
+    def _readers(self) -> dict[int, RangedRows]:
+        """Per block size, the reader of the training rows on object storage."""
+        return {}
 
     def batches_per_epoch(self, global_batch: int) -> int:
         return batches_per_epoch(self.manifest["train_rows"], global_batch)
@@ -138,6 +153,8 @@ class TokenCache:
 
 
 READ_AHEAD = 8  # micro-batches read ahead of the one training, from a cache on object storage
+# What one request for training rows on object storage reads: for a small model, hundreds of micro-batches.
+BLOCK_BYTES = 2**20
 
 
 def shard_name(split: str, shard: int, shards: int) -> str:
@@ -146,31 +163,48 @@ def shard_name(split: str, shard: int, shards: int) -> str:
 
 
 class RangedRows:
-    """Rows of a token file (in shards of `shard_rows` rows) on object storage, read by byte range (a
-    micro-batch's rows are contiguous): a worker reads only its own rows, never a whole file, and the rows
-    it will want next are read in the background while it trains, so a step waits on storage only when
-    storage falls behind."""
+    """The training rows on object storage (in shards of `shard_rows` rows), read by byte range in blocks
+    of `block_rows` rows: a micro-batch is a few kilobytes, and where a reader's rows run on, one request
+    per micro-batch would make a store's per-request cost (its latency, its price, a loopback server's
+    CPU) the data's. A reader never downloads a whole file, and the blocks it will want next are read in
+    the background while it trains, so a step waits on storage only when storage falls behind. Only the
+    blocks of the latest read and its read-ahead are kept in memory."""
 
-    def __init__(self, shards: list[str], shard_rows: int, dtype: str, seq_len: int):
+    def __init__(self, shards: list[str], shard_rows: int, total_rows: int, dtype: str, seq_len: int,
+                 block_rows: int):  # fmt: skip
         from concurrent.futures import ThreadPoolExecutor
 
-        self.shards, self.shard_rows = shards, shard_rows
+        self.shards, self.shard_rows, self.total_rows = shards, shard_rows, total_rows
+        self.dtype, self.seq_len, self.block_rows = np.dtype(dtype), seq_len, block_rows
         # shard -> its open file (read_at never moves a position, so threads share it)
         self.files: dict[int, object] = {}
-        self.dtype, self.seq_len = np.dtype(dtype), seq_len
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rayb-rows")
-        self.pending: dict[tuple[int, int], object] = {}  # (first row, rows) -> Future
+        self.blocks: dict[int, object] = {}  # block -> Future of its rows
 
     def read(self, first: int, rows: int, ahead: list[int] = ()) -> np.ndarray:
-        """Rows [first, first + rows); then start reading the same number of rows at each of `ahead`."""
-        wanted = self.pending.pop((first, rows), None) or self.pool.submit(self._read, first, rows)
-        for start in ahead:
-            if (start, rows) not in self.pending:
-                self.pending[(start, rows)] = self.pool.submit(self._read, start, rows)
-        return wanted.result()
+        """Rows [first, first + rows); then start reading the blocks of as many rows at each of `ahead`."""
+        wanted = self._blocks(first, rows)
+        kept = {block: self.blocks[block] for start in ahead for block in self._blocks(start, rows)}
+        kept |= {block: self.blocks[block] for block in wanted}
+        self.blocks = kept  # only the caller's thread changes the dict; pool threads only fetch
+        if not wanted:
+            return np.empty((0, self.seq_len), self.dtype)
+        parts = [kept[block].result() for block in wanted]
+        offset = first - wanted[0] * self.block_rows
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts))[offset : offset + rows]
 
-    def _read(self, first: int, rows: int) -> np.ndarray:
-        """Rows [first, first + rows), from the one or two shards that hold them."""
+    def _blocks(self, first: int, rows: int) -> list[int]:
+        """The blocks holding rows [first, first + rows), each fetch started if it is not already."""
+        blocks = list(range(first // self.block_rows, -(-(first + rows) // self.block_rows))) if rows else []
+        for block in blocks:
+            if block not in self.blocks:
+                self.blocks[block] = self.pool.submit(self._fetch, block)
+        return blocks
+
+    def _fetch(self, block: int) -> np.ndarray:
+        """A block's rows, from the shards that hold them (the split's last block may be short)."""
+        first = block * self.block_rows
+        rows = min(self.block_rows, self.total_rows - first)
         row_bytes = self.seq_len * self.dtype.itemsize
         parts = []
         while rows:
