@@ -103,6 +103,28 @@ def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer, monke
     assert metrics["truncated"] == 0  # rolling windows score every token with no cut context
 
 
+def test_lm_eval_indexes_its_own_tasks_once_per_process(tiny_cache, tokenizer, monkeypatch):
+    """lm-eval's task index reads every task file it ships (seconds): an actor scoring one task on many
+    checkpoints builds it once. Here a task lm-eval lacks, asked for twice: each time the error names it."""
+    import lm_eval.tasks
+
+    from rayb.eval import harness
+
+    indexed = []
+    init = lm_eval.tasks.TaskManager.__init__
+    monkeypatch.setattr(
+        lm_eval.tasks.TaskManager, "__init__", lambda self, *a, **k: indexed.append(k) or init(self, *a, **k)
+    )
+    harness.lm_eval_tasks.cache_clear()
+    ctx = context(tiny("gpt2", tiny_cache), tiny_cache, tokenizer)
+    for _ in range(2):
+        with pytest.raises(KeyError, match="no_such_task"):
+            run_lm_eval(ctx, "no_such_task", LMEvalOptions(limit=2))
+    assert indexed == [{}]  # lm-eval's own tasks, once
+    run_lm_eval(ctx, "rayb_text", LMEvalOptions(limit=2, rayb_task_docs=2))  # rayb's alone: a small index
+    assert indexed[1:] == [{"include_path": indexed[1]["include_path"], "include_defaults": False}]
+
+
 def test_a_recall_task_the_context_cannot_hold_refuses_before_training(tiny_cache, tokenizer):
     """At 32 tokens no quiz question fits with the facts it asks about: scoring the rest would measure
     chance. The study stops before training; at 256 tokens every task fits."""

@@ -160,7 +160,7 @@ def test_data_prepare_caches_local_data_and_names_what_it_cannot_fetch(ray_sessi
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("RAYB_CORPORA", str(tmp_path / "corpora"))
-    raw = _study(eval=["lm", "lm:wikitext2", "lm_eval:rayb_facts"])
+    raw = _study(eval=["lm", "lm:wikitext2", "lm_eval:rayb_facts", "lm_eval:hellaswag", "lm_eval:piqa"])
     raw["models"].append({"pretrained": "EleutherAI/pythia-14m"})
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(
@@ -170,4 +170,5 @@ def test_data_prepare_caches_local_data_and_names_what_it_cannot_fetch(ray_sessi
     lines = " ".join(result.output.split())
     assert "ok data (tokenize, pack, mix)" in lines and any((tmp_path / "out" / "cache" / "data").iterdir())
     assert "missing corpus wikitext2" in lines and "missing pretrained EleutherAI/pythia-14m" in lines
+    assert "missing lm_eval hellaswag" in lines and "missing lm_eval piqa" in lines
     assert "rayb_facts" not in lines  # rayb's own tasks are generated, nothing to fetch

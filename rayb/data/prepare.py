@@ -95,7 +95,9 @@ def _lm_eval_tasks(study: Study) -> list[str]:
 
 
 def _lm_eval_task(task: str) -> str:
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import get_task_dict
 
-    tasks = get_task_dict([task], TaskManager())  # loads (downloads) each task's dataset
+    from rayb.eval.harness import lm_eval_tasks
+
+    tasks = get_task_dict([task], lm_eval_tasks())  # loads (downloads) each task's dataset
     return f"{len(tasks)} task(s) loaded into the datasets cache"
