@@ -213,10 +213,9 @@ RECALL_ROWS: dict[str, Callable[[str, str, list[str]], dict]] = {
 
 
 def rayb_tasks(include_dir: Path, task: str, n_docs: int, fits: Callable[[str], bool]) -> Path:
-    """rayb's task YAMLs in `include_dir` (for TaskManager), and `task`'s data if it is one of them."""
-    if task.startswith("rayb_"):
-        rows = rayb_task_rows(task, n_docs, fits)
-        (include_dir / f"{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """rayb's task YAMLs in `include_dir` (for TaskManager), and the data of `task`, one of them."""
+    rows = rayb_task_rows(task, n_docs, fits)
+    (include_dir / f"{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for yaml in TASKS_DIR.glob("*.yaml"):
         (include_dir / yaml.name).write_text(yaml.read_text().replace("@DATA_DIR@", str(include_dir)))
     return include_dir
