@@ -193,8 +193,9 @@ def test_a_worker_reads_a_cache_on_s3_a_block_at_a_time(
 
 @pytest.mark.parametrize("shard_rows", [None, 7])
 def test_the_overfit_suite_reads_only_its_rows_of_a_cache_on_s3(tiny_cache, s3_bucket, mirror, shard_rows):
-    """The overfit suite memorises the first rows of the training split. On object storage it reads just the
-    block holding those rows, by byte range: no node downloads the split (gigabytes at scale) for a thousand rows of it."""
+    """The overfit suite memorises the first rows of the training split. On object storage it reads just
+    the block holding those rows, by byte range: no node downloads the split (gigabytes at scale) for a
+    thousand rows of it."""
     from rayb.eval.overfit import OverfitOptions, run_overfit
     from rayb.eval.registry import EvalContext
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lm_eval.api.model import TemplateLM
@@ -39,6 +39,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from rayb.data.corpus import QUESTION_PREFIX, generate_document, recall_answers
 from rayb.eval.registry import BENCHMARKS, Benchmark, EvalContext, make_options, register_benchmark
 from rayb.eval.scoring import context_limit, continuation_logprobs, device_of
+
+if TYPE_CHECKING:  # imported only where an evaluation runs
+    from lm_eval.tasks import TaskManager
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 HFLM_MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not set max_gen_toks
@@ -213,7 +216,7 @@ RECALL_ROWS: dict[str, Callable[[str, str, list[str]], dict]] = {
 
 
 def rayb_tasks(include_dir: Path, task: str, n_docs: int, fits: Callable[[str], bool]) -> Path:
-    """rayb's task YAMLs in `include_dir` (for TaskManager), and the data of `task`, one of them."""
+    """rayb's task YAMLs in `include_dir` (for TaskManager), and the data of `task` (one of rayb's tasks)."""
     rows = rayb_task_rows(task, n_docs, fits)
     (include_dir / f"{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for yaml in TASKS_DIR.glob("*.yaml"):
@@ -242,7 +245,7 @@ def _no_environment_report(results: dict[str, Any]) -> None:
 
 
 @functools.cache
-def lm_eval_tasks():
+def lm_eval_tasks() -> TaskManager:
     """lm-eval's own tasks, indexed once per process: the index reads all their files (about 15,000 tasks,
     16.5 s on one core of a 2-core machine), and an eval actor or drained worker scores many checkpoints.
     Each evaluation still builds its tasks anew from the index."""
