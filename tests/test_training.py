@@ -168,17 +168,25 @@ def test_ray_trains_controller_starts_with_no_runtime_env_of_its_own_yet_passes_
     """Ray starts an actor that has a runtime_env of its own in a new process, never on one of its idle
     workers, and so each actor that actor starts (2.2-2.7 s each on 2 cores): Ray Train's controller
     (trainer.EnvController) and its synchronization actor have none. The controller still has Ray Train's
-    settings, and hands them to its workers."""
+    settings, and hands them to its workers: in a runtime env where a run may reach other nodes (the
+    fixture's run that asks an autoscaler), and on rayb's private instance (the other run) by the
+    environment every process of the instance inherits, with no runtime env (trainer.InheritingWorkerGroup)."""
     import os
 
-    from rayb.train.trainer import GROUP_START_TIMEOUT, HEALTH_CHECK_INTERVAL
+    import ray
+
+    from rayb.runtime import TRAIN_SETTINGS
 
     controllers, sync_actors = actor_runtime_envs("EnvController"), actor_runtime_envs("SynchronizationActor")
     assert controllers and sync_actors
     assert not [env for env in controllers + sync_actors if env.get("env_vars")]
-    settings = {name: os.environ[name] for name, _ in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT)}
+    settings = {name: os.environ.get(name, value) for name, value in TRAIN_SETTINGS}
     workers = actor_runtime_envs("RayTrainWorker")
-    assert workers and all(env["env_vars"].items() >= settings.items() for env in workers), workers
+    handed = [env for env in workers if env]
+    assert handed and all(env["env_vars"].items() >= settings.items() for env in handed), workers
+    assert len(handed) < len(workers), workers  # the private instance's run: workers with none
+    inherited = ray.get(ray.remote(num_cpus=0)(lambda: {n: os.environ.get(n) for n in settings}).remote())
+    assert inherited == settings
 
 
 def test_the_coordinator_rayb_starts_early_is_the_one_ray_trains_runs_use(trained):

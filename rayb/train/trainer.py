@@ -12,19 +12,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.constants import (
-    DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
-    get_env_vars_to_propagate,
-)
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
 from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+from ray.train.v2._internal.execution.worker_group import WorkerGroup
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from rayb import storage
+from rayb import runtime, storage
 from rayb.train.backend import TorchGroup
 from rayb.train.trial import LATEST_CHECKPOINT, TrialPack, checkpoint_record, tag_trial
 from rayb.tune.packs import worker_resources
@@ -34,16 +31,6 @@ if TYPE_CHECKING:  # Ray Train's controller, which unpickles this module, import
     from rayb.models.selfcheck import CheckResult, ModelToCheck
 
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
-# Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end of
-# a run wait for the next poll: seconds per trial, more than a small model's checkpoint costs. Ray Train
-# passes the setting on from the process that builds the trainer to its controller and workers.
-HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-# How long a worker group waits for its resources before Ray Train gives up on that attempt and starts
-# another. Ray's default, 60 s, is less than a GPU node takes to boot; each attempt drops the resource
-# request the autoscaler is serving and asks again. Waiting never fails a trial: Ray Train retries a group
-# that has not started for as long as it takes (its default), and the sweep's ClusterWatch (tune/sweep.py)
-# ends a wait that the cluster can no longer ever satisfy.
-GROUP_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 logger = logging.getLogger(__name__)
 
@@ -126,20 +113,41 @@ class UnservedScalingPolicy(FixedScalingPolicy):
         pass
 
 
+class InheritingWorkerGroup(WorkerGroup):
+    """Ray Train's worker group, whose workers' runtime env leaves out the environment variables they
+    inherit anyway (`inherited`: on rayb's private instance, runtime.TRAIN_SETTINGS, set before Ray
+    started). With none left, a worker has no runtime env and starts as any idle worker Ray keeps, or as a
+    plain new process (see EnvController); a variable whose value differs from the inherited one (a
+    setting changed after Ray started) still goes in the runtime env."""
+
+    inherited: dict[str, str] = {}
+
+    def _get_worker_runtime_env(self, custom_runtime_env):
+        runtime_env = dict(WorkerGroup._get_worker_runtime_env(custom_runtime_env))
+        env_vars = {k: v for k, v in runtime_env.pop("env_vars").items() if self.inherited.get(k) != v}
+        return runtime_env | ({"env_vars": env_vars} if env_vars else {})
+
+
 class EnvController(TrainController):
     """Ray Train's controller, handed the environment variables Ray Train propagates as an argument rather
     than in a runtime_env. Ray never runs an actor that has a runtime_env of its own on the idle workers it
     starts ahead (they have none), nor any actor that actor starts, which inherits it (the run's
-    SynchronizationActor): each gets a new process, 2.2-2.7 s on 2 cores against 0.2 s for an idle worker.
-    An empty loop's PackTrainer.fit took 13.9-14.0 s with Ray Train's controller and 9.7-10.7 s with this
-    one (three runs each, interleaved, 2 cores); in a study the pool's queue takes one of the two idle
-    workers a 2-CPU Ray starts, and the synchronization actor still starts a process. Ray Train reads
-    each such variable in the controller when it uses it, so setting them first thing in the controller's
-    process is the same; its workers still get them in a runtime_env, from the controller's environment.
-    The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train` exports: rayb needs V2,
-    Ray's default."""
+    SynchronizationActor): each gets a new process, 2.2-2.7 s on 2 cores against 0.2 s for an idle worker
+    (and 1.2-1.4 s for a new process with no runtime env). An empty loop's PackTrainer.fit took 13.9-14.0 s
+    with Ray Train's controller and 9.7-10.7 s with this one (three runs each, interleaved, 2 cores). Ray
+    Train reads each such variable in the controller when it uses it, so setting them first thing in the
+    controller's process is the same. Its workers get them in a runtime_env, from the controller's
+    environment; where `workers_inherit` (rayb's private instance: one node, whose every process has the
+    environment this controller's process started with), only those that environment lacks
+    (InheritingWorkerGroup). The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train`
+    exports: rayb needs V2, Ray's default."""
 
-    def __init__(self, env_vars: dict[str, str], **kwargs):
+    def __init__(self, env_vars: dict[str, str], workers_inherit: bool, **kwargs):
+        if workers_inherit:
+            inherited = dict(os.environ)  # this process's environment as it started, every worker's too
+            self.worker_group_cls = type(
+                "InheritingWorkerGroup", (InheritingWorkerGroup,), {"inherited": inherited}
+            )
         os.environ.update(env_vars)
         super().__init__(**kwargs)
 
@@ -161,20 +169,18 @@ class PackTrainer(DataParallelTrainer):
         super().__init__(*args, **kwargs)
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
-        """Ray Train's own, with its controller an EnvController."""
+        """Ray Train's own, with its controller an EnvController, handed rayb's settings for Ray Train
+        (runtime.TRAIN_SETTINGS) where this process's environment has no setting of its own."""
         import ray
 
         policy = controller_init_kwargs["scaling_policy"]
         if not self.requests_resources and type(policy) is FixedScalingPolicy:  # rayb's groups are fixed
             controller_init_kwargs["scaling_policy"] = UnservedScalingPolicy(self.scaling_config)
-        env_vars = get_env_vars_to_propagate()
-        env_vars.setdefault(
-            RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE
-        )
         on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
         controller = (
             ray.remote(num_cpus=0, label_selector=on_this_node)(EnvController)
-            .remote(env_vars=env_vars, **controller_init_kwargs)
+            .remote(dict(runtime.TRAIN_SETTINGS) | get_env_vars_to_propagate(),  # a user's own setting wins
+                    workers_inherit=not self.requests_resources, **controller_init_kwargs)
         )  # fmt: skip
         if threading.current_thread() is threading.main_thread():  # else signal handlers cannot be set
             self._register_sigint_handler(controller)
@@ -203,8 +209,6 @@ def pack_trainer(
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    for setting in (HEALTH_CHECK_INTERVAL, GROUP_START_TIMEOUT):
-        os.environ.setdefault(*setting)  # a user's own setting wins
     t = pack.train
     return PackTrainer(
         loop or train_on_worker,
