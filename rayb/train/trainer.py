@@ -115,8 +115,8 @@ class UnservedScalingPolicy(FixedScalingPolicy):
 
 class InheritingWorkerGroup(WorkerGroup):
     """Ray Train's worker group, whose workers' runtime env leaves out the environment variables they
-    inherit anyway (`inherited`: on rayb's private instance, runtime.TRAIN_SETTINGS, set before Ray
-    started). With none left, a worker has no runtime env and starts as any idle worker Ray keeps, or as a
+    inherit anyway (`inherited`: the environment its controller's process started with, which on rayb's
+    private instance every process has, runtime.TRAIN_SETTINGS included). With none left, a worker has no runtime env and starts as any idle worker Ray keeps, or as a
     plain new process (see EnvController); a variable whose value differs from the inherited one (a
     setting changed after Ray started) still goes in the runtime env."""
 
