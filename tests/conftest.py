@@ -103,9 +103,10 @@ def session_actors(class_name: str | None = None) -> list[dict]:
     return [a for a in actors().values() if class_name in (None, a["ActorClassName"])]
 
 
-def actor_runtime_envs(class_name: str) -> list[dict]:
-    """The runtime_env that each actor of `class_name` in this driver's job was started with ({} for none),
-    as the GCS has it. Only this job's: another driver on the session's Ray may give its job one."""
+def job_actors(class_name: str) -> list:
+    """This driver's job's actors of `class_name`, dead ones included, as the GCS has them (its
+    ActorTableData: actor_id, owner_address, serialized_runtime_env, state...). Only this job's: another
+    driver on the session's Ray has actors of its own."""
     import ray
     from ray._private.state import state
     from ray.core.generated import gcs_pb2
@@ -113,8 +114,12 @@ def actor_runtime_envs(class_name: str) -> list[dict]:
     job = ray.get_runtime_context().get_job_id()
     table = state._connect_and_get_accessor().get_actor_table(None, None)
     actors = [gcs_pb2.ActorTableData.FromString(raw) for raw in table]
-    return [json.loads(a.serialized_runtime_env or "{}") for a in actors
-            if a.class_name == class_name and a.job_id.hex() == job]  # fmt: skip
+    return [a for a in actors if a.class_name == class_name and a.job_id.hex() == job]
+
+
+def actor_runtime_envs(class_name: str) -> list[dict]:
+    """The runtime_env that each actor of `class_name` in this driver's job was started with ({} for none)."""
+    return [json.loads(a.serialized_runtime_env or "{}") for a in job_actors(class_name)]
 
 
 def loop_with_steps_held(after: int, seconds: float):

@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import (
     actor_runtime_envs,
+    job_actors,
     loop_with_steps_held,
     ray_processes,
     registered_checkpoint_trial,
@@ -372,6 +373,79 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     assert json.loads((Path(trial.trial_dir) / TRAIN_DONE).read_text())["status"] == "ok"
     # From its step-8 checkpoint (or step 16's, on a machine so loaded that the kill came 8 held steps late).
     assert [r["step"] for r in read_metrics(log) if r["kind"] == "resume"] in ([8], [16])
+    resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
+    assert resumed == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+
+
+def _started_ahead(before: set[bytes]) -> tuple[list, list]:
+    """This job's Train workers started since `before` (their actor ids): those this driver owns (the pool's
+    warm workers, trainer.start_warm_workers) and those a Train controller started and owns."""
+    import ray
+
+    driver = ray.get_runtime_context().get_worker_id()
+    new = [a for a in job_actors("RayTrainWorker") if a.actor_id not in before]
+    ours = [a for a in new if a.owner_address.worker_id.hex() == driver]
+    return ours, [a for a in new if a not in ours]
+
+
+def test_a_pools_group_trains_on_the_worker_started_ahead_and_none_outlives_the_pool(
+    tiny_cache, tmp_path, monkeypatch
+):
+    """On rayb's private instance the pool starts its first groups' Train workers before their controllers,
+    which then adopt them (trainer.InheritingWorkerGroup): the group starts no worker of its own. A group
+    that cannot adopt them (its workers need a runtime env: here a Ray Train setting changed after Ray
+    started) starts its own; the warm worker no group took is killed as the pool ends."""
+    from ray.core.generated import gcs_pb2
+
+    dead = gcs_pb2.ActorTableData.DEAD
+    for seed, setting in ((0, None), (1, "0.4")):
+        if setting is not None:
+            monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", setting)
+        trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[seed])), tiny_cache, tmp_path)
+                     if t.arch == "gpt2")  # fmt: skip
+        before = {a.actor_id for a in job_actors("RayTrainWorker")}
+        assert run_pool(worker_pool([trial], slots=1, cores=1), 1) == {} and trial.done
+        warm, own = _started_ahead(before)
+        assert len(warm) == 1 and all(a.state == dead for a in warm + own)
+        assert len(own) == (0 if setting is None else 1)
+
+
+def test_a_pool_resumes_the_trial_of_a_lost_controller_once_the_worker_it_adopted_is_dead(
+    runs, tiny_cache, tmp_path
+):
+    """A warm worker is the driver's actor, not its group's controller's, so it does not die with the
+    controller as Ray Train's own workers do. SIGKILL the controller mid-trial: the pool starts the run
+    again, and its queue kills the adopted worker before it hands the trial to the new group, which resumes
+    it to the uninterrupted result."""
+    kill_at = random.randint(9, 20)  # once a checkpoint (step 8 or 16) is registered
+    _, reference_dir = runs[("gpt2", 1)]
+    trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, tmp_path)
+                 if t.arch == "gpt2")  # fmt: skip
+    (pack,) = worker_pool([trial], slots=1, cores=1)  # one thread, as the reference trained
+    before = {a.actor_id for a in job_actors("RayTrainWorker")}
+    ended = {p.pid for p in ray_processes("EnvController")}  # earlier runs' controllers, on their way out
+    thread = threading.Thread(target=run_pool, args=([pack], 1))
+    thread.start()
+    log, run_dir = Path(trial.trial_dir) / METRICS, Path(pack.storage_path) / pack.run_name
+    deadline = time.time() + 300
+    while not (
+        log.exists() and read_metrics(log)[-1:] and read_metrics(log)[-1]["step"] >= kill_at
+        and registered_checkpoint_trial(run_dir) == trial.key
+    ):  # fmt: skip
+        assert time.time() < deadline and thread.is_alive(), "training never reached the kill step"
+        time.sleep(0.05)
+    (controller,) = [p for p in ray_processes("EnvController") if p.pid not in ended]
+    controller.send_signal(signal.SIGKILL)
+    while not any(r["kind"] == "resume" for r in read_metrics(log)):
+        assert time.time() < deadline and thread.is_alive(), "the trial never resumed"
+        time.sleep(0.05)
+    resumed_by = time.time()  # the new group has taken the trial
+    thread.join(timeout=300)
+    assert not thread.is_alive() and trial.done
+    (warm,), _ = _started_ahead(before)
+    assert 0 < warm.end_time / 1000 <= resumed_by  # dead before its trial went to another worker
+    (restart,) = [r["step"] for r in read_metrics(log) if r["kind"] == "resume"]
+    assert restart in (8, 16), f"killed at step {kill_at}, resumed after step {restart}"
     resumed = [r["loss"] for r in read_metrics(log) if r["kind"] == "train"]
     assert resumed == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
 

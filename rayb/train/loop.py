@@ -196,13 +196,18 @@ class _Run:
 
 def _start_worker(pack: TrialPack) -> None:
     """Once per worker group: the accelerator DeepSpeed will use, torch threads, and the imports."""
-    if not pack.train.use_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
-    else:
+    if pack.train.use_gpu:
         cap_gpu_memory(pack.train.gpus_per_worker)  # trials sharing a GPU cannot run each other out of memory
     torch.set_num_threads(pack.threads)
-    # DeepSpeed's import is most of a worker's start-up (timed as such). Its autotuner, which rayb never
-    # runs, imports mlflow where it is installed: 0.7 s of each start.
+    import_worker_libraries(pack.train.use_gpu)
+
+
+def import_worker_libraries(use_gpu: bool) -> None:
+    """DeepSpeed, for the accelerator it is to use: most of a worker's start-up (timed as such), which a
+    Train worker started ahead of its group has done already (trainer.RayTrainWorker)."""
+    if not use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+    # Its autotuner, which rayb never runs, imports mlflow where it is installed: 0.7 s of each start.
     with hidden("mlflow"):
         import deepspeed  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Ray Train: one trainer per worker group, named after it so a relaunch resumes it; the actor all its
-runs share, started early; and the kernel probe and self-checks a GPU study runs on a GPU worker before
-it trains."""
+runs share, started early; the Train workers a pool starts ahead of its groups; and the kernel probe and
+self-checks a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ray.train.v2._internal.execution.callback import ControllerCallback, Report
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2._internal.execution.worker_group import WorkerGroup
+from ray.train.v2._internal.execution.worker_group.worker import RayTrainWorker as TrainWorker
+from ray.train.v2._internal.execution.worker_group.worker import Worker
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from rayb import runtime, storage
@@ -116,16 +118,87 @@ class UnservedScalingPolicy(FixedScalingPolicy):
 class InheritingWorkerGroup(WorkerGroup):
     """Ray Train's worker group, whose workers' runtime env leaves out the environment variables they
     inherit anyway (`inherited`: the environment its controller's process started with, which on rayb's
-    private instance every process has, runtime.TRAIN_SETTINGS included). With none left, a worker has no runtime env and starts as any idle worker Ray keeps, or as a
-    plain new process (see EnvController); a variable whose value differs from the inherited one (a
-    setting changed after Ray started) still goes in the runtime env."""
+    private instance every process has, runtime.TRAIN_SETTINGS included). With none left, a worker has no
+    runtime env and starts as any idle worker Ray keeps, or as a plain new process (see EnvController); a
+    variable whose value differs from the inherited one (a setting changed after Ray started) still goes in
+    the runtime env. With no runtime env for its workers, a CPU group adopts the Train workers its pool
+    started ahead, if its queue (`warm_from`) still has as many as it needs (start_warm_workers)."""
 
     inherited: dict[str, str] = {}
+    warm_from: str | None = None
 
     def _get_worker_runtime_env(self, custom_runtime_env):
         runtime_env = dict(WorkerGroup._get_worker_runtime_env(custom_runtime_env))
         env_vars = {k: v for k, v in runtime_env.pop("env_vars").items() if self.inherited.get(k) != v}
         return runtime_env | ({"env_vars": env_vars} if env_vars else {})
+
+    def _create_workers(self, num_workers, placement_group, resources_per_worker,
+                        placement_group_bundle_indices=None, starting_world_rank=0, world_size=None,
+                        replica_group_size=None):  # fmt: skip
+        """Ray Train's (2.60's), with the pool's warm workers in place of new actors where it has them: the
+        group's placement group still holds their resources (the workers hold none of their own)."""
+        import ray
+        from ray.exceptions import RayActorError
+        from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
+
+        indices = (
+            list(range(num_workers))
+            if placement_group_bundle_indices is None
+            else placement_group_bundle_indices
+        )
+        if not (actors := self._adopt(len(indices), resources_per_worker)):
+            return super()._create_workers(num_workers, placement_group, resources_per_worker,
+                                           placement_group_bundle_indices, starting_world_rank, world_size,
+                                           replica_group_size)  # fmt: skip
+        try:
+            metadata = ray.get([actor.get_metadata.remote() for actor in actors])
+        except RayActorError as exc:
+            for actor in actors:
+                ray.kill(actor)
+            raise WorkerGroupStartupFailedError("a Train worker started ahead of its group failed") from exc
+        workers = [Worker(actor, meta, resources_per_worker, placement_group_bundle_index=index)
+                   for index, actor, meta in zip(indices, actors, metadata, strict=True)]  # fmt: skip
+        return WorkerGroup._assign_worker_ranks(workers, starting_world_rank, world_size, replica_group_size)
+
+    def _adopt(self, count: int, resources: dict[str, float]) -> list:
+        """`count` warm workers from the pool's queue, or none: where there is no queue to ask, where the
+        workers need GPUs (a warm worker holds none, so Ray shows it none), a runtime env (a warm worker
+        has none) or a worker class of their own, or where the queue has fewer left."""
+        import ray
+
+        custom_env = self._train_run_context.run_config.worker_runtime_env
+        if (self.warm_from is None or resources.get("GPU") or self._worker_cls is not TrainWorker
+                or self._get_worker_runtime_env(custom_env)):  # fmt: skip
+            return []
+        controller = ray.get_runtime_context().get_actor_id()
+        taken = ray.get(ray.get_actor(self.warm_from).adopt.remote(count, controller))
+        return [ray.cloudpickle.loads(handle) for handle in taken]
+
+
+class RayTrainWorker(TrainWorker):
+    """Ray Train's worker (named as Ray Train's, which Ray titles its process and lists its actor by) as the
+    pool starts it ahead of the worker group that adopts it (start_warm_workers): its process imports what
+    a CPU worker imports once its group has started (torch, for Ray Train's torch functions, rayb's loop
+    and DeepSpeed) while the group's controller starts, which otherwise comes first."""
+
+    def __init__(self):
+        super().__init__()
+        import ray.train.torch.config  # noqa: F401  (train/backend.py's functions import it on the worker)
+
+        from rayb.train.loop import import_worker_libraries
+
+        import_worker_libraries(use_gpu=False)
+
+
+def start_warm_workers(count: int) -> list:
+    """Start `count` CPU Train workers for the pool's worker groups to adopt as they start
+    (InheritingWorkerGroup): on rayb's private instance, a single node, where a group's workers have no
+    runtime env. Each holds no resources (the adopting group's placement group holds them), so none
+    waits for CPUs; the pool kills those left over when it ends."""
+    import ray
+
+    actor = ray.remote(num_cpus=0)(RayTrainWorker)
+    return [actor.remote() for _ in range(count)]
 
 
 class EnvController(TrainController):
@@ -139,14 +212,18 @@ class EnvController(TrainController):
     controller's process is the same. Its workers get them in a runtime_env, from the controller's
     environment; where `workers_inherit` (rayb's private instance: one node, whose every process has the
     environment this controller's process started with), only those that environment lacks
-    (InheritingWorkerGroup). The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train`
+    (InheritingWorkerGroup, which adopts the workers the pool's queue `warm_from` holds). The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train`
     exports: rayb needs V2, Ray's default."""
 
-    def __init__(self, env_vars: dict[str, str], workers_inherit: bool, **kwargs):
+    def __init__(
+        self, env_vars: dict[str, str], workers_inherit: bool, warm_from: str | None = None, **kwargs
+    ):
         if workers_inherit:
             inherited = dict(os.environ)  # this process's environment as it started, every worker's too
             self.worker_group_cls = type(
-                "InheritingWorkerGroup", (InheritingWorkerGroup,), {"inherited": inherited}
+                "InheritingWorkerGroup",
+                (InheritingWorkerGroup,),
+                {"inherited": inherited, "warm_from": warm_from},
             )
         os.environ.update(env_vars)
         super().__init__(**kwargs)
@@ -180,7 +257,8 @@ class PackTrainer(DataParallelTrainer):
         controller = (
             ray.remote(num_cpus=0, label_selector=on_this_node)(EnvController)
             .remote(dict(runtime.TRAIN_SETTINGS) | get_env_vars_to_propagate(),  # a user's own setting wins
-                    workers_inherit=not self.requests_resources, **controller_init_kwargs)
+                    workers_inherit=not self.requests_resources, warm_from=self.queue,
+                    **controller_init_kwargs)
         )  # fmt: skip
         if threading.current_thread() is threading.main_thread():  # else signal handlers cannot be set
             self._register_sigint_handler(controller)

@@ -34,6 +34,11 @@ class TrialQueue:
     cores, and up to a second more at the run's end. The pool's queue does it once for all its groups,
     asking the GCS (see trainer.PoolCleaner).
 
+    It hands out the Train workers the driver started ahead for its groups on rayb's private instance
+    (trainer.start_warm_workers), and kills those a group adopted once that group's controller is gone:
+    they are the driver's actors, not the controller's, and so do not die with it as its own workers would.
+    A trial is handed on to a restarted group only once no such worker of an earlier run is left to train it.
+
     In a CPU study it also relays evaluation jobs to the workers of groups with no trial left to take, once
     no trial waits for a group at all (eval/actors.DrainedWorkers): such a worker holds CPUs that no queued
     trial needs, and has imported what an eval actor would import again. The relay is open only while an
@@ -42,12 +47,15 @@ class TrialQueue:
     since `evaluate` waits for its job's end."""
 
     CHECK_S = 1.0  # how often the controllers' liveness is asked for
+    KILL_S = 30.0  # the longest a killed worker is waited for
     LEASE_S = 30.0  # an eval pool asks every 0.2-1 s, or after a scan of the trials on object storage
 
-    def __init__(self, queues: dict[str, list[str]]):
+    def __init__(self, queues: dict[str, list[str]], warm: list[bytes] = ()):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
         self.controllers: dict[str, bytes] = {}  # {controller actor id: its handle, pickled} while it runs
+        self.warm = list(warm)  # Train workers started ahead (handles, pickled), until a group adopts them
+        self.adopted: dict[str, list[bytes]] = {}  # {controller actor id: the warm workers its group took}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
         self._watcher: threading.Thread | None = None
@@ -81,8 +89,32 @@ class TrialQueue:
         from ray.util.placement_group import remove_placement_group
 
         ray.kill(ray.cloudpickle.loads(self.controllers.pop(controller)))
+        self._kill_adopted(controller)
         if (group := self.watched.pop(controller, None)) is not None:
             remove_placement_group(group)
+
+    def adopt(self, count: int, controller: str) -> list[bytes]:
+        """`count` warm workers (pickled handles) for the worker group `controller` starts, or none if fewer
+        are left."""
+        if len(self.warm) < count:
+            return []
+        taken, self.warm = self.warm[:count], self.warm[count:]
+        self.adopted.setdefault(controller, []).extend(taken)
+        return taken
+
+    def _kill_adopted(self, controller: str) -> None:
+        """Kill the warm workers that `controller`'s groups adopted, and wait until the GCS has them dead.
+        Unpickling their handles imports Ray Train here, which only a lost or stopped controller costs."""
+        import ray
+        from ray._private.state import actors
+
+        workers = [ray.cloudpickle.loads(handle) for handle in self.adopted.pop(controller, [])]
+        for worker in workers:
+            ray.kill(worker)
+        deadline = time.monotonic() + self.KILL_S
+        for worker in workers:
+            while actors(worker._actor_id.hex()).get("State") != "DEAD" and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def watch(self, controller: str, placement_group) -> None:
         """Remove `placement_group` if the controller dies before it `ended` (a controller that starts
@@ -93,8 +125,10 @@ class TrialQueue:
             self._watcher.start()
 
     def ended(self, controller: str) -> None:
+        """A run has ended (Ray Train's own shutdown has killed its workers, adopted ones included)."""
         self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
+        self.adopted.pop(controller, None)
 
     def _remove_orphans(self) -> None:
         from ray._private.state import actors
@@ -107,17 +141,28 @@ class TrialQueue:
                     if actors(controller).get("State") == "DEAD":
                         if placement_group_table(group).get("state") not in (None, "REMOVED"):
                             remove_placement_group(group)
+                        self._kill_adopted(controller)
                         self.ended(controller)
                 except Exception:  # the GCS unreachable for a moment: ask again next time
                     logger.warning("could not check controller %s", controller, exc_info=True)
 
     def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
-        """The group's next trial (None once its queue is empty), after the one it `finished`."""
+        """The group's next trial (None once its queue is empty), after the one it `finished`. The trial a
+        group held before it was restarted goes to it again once the earlier runs' adopted workers are dead."""
         if finished is not None and self.held.get(group) == finished:
             del self.held[group]
+        elif group in self.held:
+            self._kill_adopted_of_dead_controllers()
         if group not in self.held and self.waiting[shape]:
             self.held[group] = self.waiting[shape].popleft()
         return self.held.get(group)
+
+    def _kill_adopted_of_dead_controllers(self) -> None:
+        from ray._private.state import actors
+
+        for controller in list(self.adopted):
+            if actors(controller).get("State") == "DEAD":
+                self._kill_adopted(controller)
 
     def fail(self, shape: str, group: str) -> tuple[str | None, list[str]]:
         """A group that failed for good: the trial it held, and its shape's waiting trials, which go untrained

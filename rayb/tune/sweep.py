@@ -3,8 +3,10 @@
 The driver runs each group's trainer (train/trainer.py) on a thread of its own, `max_concurrent` at once:
 its `.fit()` starts the run's controller on the driver's node, whose workers take the study's trials from
 a queue shared by every group of their shape (group.TrialQueue) and train them one after another until it
-is empty. Results are not taken from Ray: every trial writes its own files (see `rayb.train.trial`), so a
-crashed study loses nothing and a rerun trains only unfinished trials.
+is empty. On rayb's private instance the pool starts its first groups' Train workers itself, before their
+controllers, which adopt them (trainer.start_warm_workers). Results are not taken from Ray: every trial
+writes its own files (see `rayb.train.trial`), so a crashed study loses nothing and a rerun trains only
+unfinished trials.
 
 Why not a Ray Tune trial per group: rayb takes nothing from Tune but a concurrency limit and restarts,
 and each Tune trial is one more process per group, started before the group's controller and only waiting
@@ -26,7 +28,7 @@ from ray.train import TrainingFailedError
 from rayb import runtime, storage
 from rayb.report.status import write_cluster
 from rayb.train.spec import TrainSpec
-from rayb.train.trainer import pack_trainer
+from rayb.train.trainer import pack_trainer, start_warm_workers
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
 from rayb.tune.group import queue_actor
 from rayb.tune.packs import one_node, unfittable
@@ -79,14 +81,20 @@ def run_pool(
     for trial in trials:  # an earlier run's failure no longer stands
         storage.remove(storage.join(trial.trial_dir, TRIAL_ERROR))
     name = name or queue_name()
-    queue = (
-        queue_actor(relay=max_concurrent * groups[0].train.num_workers + 4)
-        .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
-        .remote({shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()})
-    )
     train = groups[0].train
-    watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
     requests_resources = not runtime.private_instance()  # which no autoscaler serves
+    # The first groups' workers, started now, import while the groups' controllers start.
+    at_once = min(max_concurrent, len(groups)) * train.num_workers
+    warm = start_warm_workers(at_once) if not (requests_resources or train.use_gpu) else []
+    queue = (
+        queue_actor(relay=max_concurrent * train.num_workers + 4)
+        .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
+        .remote(
+            {shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()},
+            [ray.cloudpickle.dumps(worker) for worker in warm],
+        )
+    )
+    watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
     by_key = {t.key: t for t in trials}
     errors: dict[str, str] = {}
     stopped = threading.Event()  # the groups' threads see it; the queue ends their runs
@@ -112,7 +120,8 @@ def run_pool(
                 stop()
                 raise
     finally:
-        ray.kill(queue)
+        for actor in [queue, *warm]:  # the warm workers no group adopted, and the ended groups' own
+            ray.kill(actor)
     why = f"the sweep stopped: {watch.why}" if watch.why else "not trained: its worker pool ended without it"
     return errors | _record([t for t in trials if t.key not in errors and not t.done], why)
 
