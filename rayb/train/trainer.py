@@ -212,8 +212,8 @@ class EnvController(TrainController):
     controller's process is the same. Its workers get them in a runtime_env, from the controller's
     environment; where `workers_inherit` (rayb's private instance: one node, whose every process has the
     environment this controller's process started with), only those that environment lacks
-    (InheritingWorkerGroup, which adopts the workers the pool's queue `warm_from` holds). The one read at import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train`
-    exports: rayb needs V2, Ray's default."""
+    (InheritingWorkerGroup, which adopts the workers the pool's queue `warm_from` holds). The one read at
+    import, RAY_TRAIN_V2_ENABLED, only picks the API `ray.train` exports: rayb needs V2, Ray's default."""
 
     def __init__(
         self, env_vars: dict[str, str], workers_inherit: bool, warm_from: str | None = None, **kwargs
