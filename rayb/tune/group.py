@@ -148,7 +148,7 @@ class TrialQueue:
 
     def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
         """The group's next trial (None once its queue is empty), after the one it `finished`. The trial a
-        group held before it was restarted goes to it again once the earlier runs' adopted workers are dead."""
+        group held before it was restarted goes to it again once earlier runs' adopted workers are dead."""
         if finished is not None and self.held.get(group) == finished:
             del self.held[group]
         elif group in self.held:
