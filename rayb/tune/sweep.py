@@ -84,8 +84,8 @@ def run_pool(
     train = groups[0].train
     requests_resources = not runtime.private_instance()  # which no autoscaler serves
     # The first groups' workers, started now, import while the groups' controllers start.
-    at_once = min(max_concurrent, len(groups)) * train.num_workers
-    warm = start_warm_workers(at_once) if not (requests_resources or train.use_gpu) else []
+    first_workers = min(max_concurrent, len(groups)) * train.num_workers
+    warm = start_warm_workers(first_workers) if not (requests_resources or train.use_gpu) else []
     queue = (
         queue_actor(relay=max_concurrent * train.num_workers + 4)
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
