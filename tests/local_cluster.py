@@ -186,10 +186,13 @@ class LocalCluster:
         workdir = self.root / f"node{index}"
         workdir.mkdir(parents=True, exist_ok=True)  # a node started again reuses its index
         node = Node(None, temp_dir, workdir)  # type: ignore[arg-type]
+        # No log monitor: it streams workers' output to drivers that ask for it, and none here does (a
+        # `rayb run` sends it to files unless run with -v). It polls the node's log files all along: about
+        # 16 CPU-seconds per cluster in the suite, which CI's two cores take from the tests beside it.
         with (temp_dir / START_LOG).open("w") as log:
             node.process = subprocess.Popen(
                 ["ray", "start", "--block", *args, f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
-                 *(f"--{flag}={port}" for flag, port in ports.items())],
+                 "--include-log-monitor=false", *(f"--{flag}={port}" for flag, port in ports.items())],
                 cwd=workdir, env=self._env(node), stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.nodes.append(node)
