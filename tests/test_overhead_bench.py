@@ -48,3 +48,24 @@ def test_the_cpu_meter_splits_a_run_by_the_kind_of_each_process(tmp_path):
     assert 0.3 < split[overhead.DRIVER] < 1.0
     assert meter.total >= split["Train workers"] + split[overhead.DRIVER]  # the machine's whole busy time
     assert split[overhead.UNSEEN] == meter.total - sum(v for k, v in split.items() if k != overhead.UNSEEN)
+
+
+def test_the_timeline_splits_the_whole_wall_and_the_fixed_cost_is_what_no_trial_repeats():
+    def trial(group, wall_s, first=False):
+        timings = {"checkpoint_s": 1.0, "validation_s": 0.5, "save_model_s": 0.25, "set_up_s": 0.2}
+        if first:  # what the group's start cost, charged to its first trial
+            timings |= {"worker_start_s": 4.0, "worker_process_s": 1.0, "process_group_s": 0.5,
+                        "imports_s": 2.0, "set_up_s": 3.0}  # fmt: skip
+        return {"worker_group": group, "wall_s": wall_s, "timings": timings}
+
+    # Group b finishes last: its start and its two trials make the critical path.
+    trials = [trial("a", 10.0, first=True), trial("b", 12.0, first=True), trial("b", 11.0)]
+    stages = {"ray_start_s": 5.0, "data_s": 1.0, "self_checks_s": 0.5, "planning_s": 0.25, "training_s": 40.0,
+              "evaluation_after_training_s": 2.0, "report_s": 1.5}  # fmt: skip
+    run = {"wall_s": 60.0, "stages": stages, "trials": trials, "exit_s": 0.75}
+    path = overhead.timeline(run)
+    assert sum(path.values()) == 60.0
+    assert path["training steps"] == 23.0 and path["set_up"] == 3.2 and path["worker imports"] == 2.0
+    assert path["process start, imports"] == 60.0 - sum(stages.values()) - 0.75
+    # Each trial repeats its steps, checkpoints and validation (1.5 s) and its saving (0.25 s).
+    assert overhead._fixed_s(path) == 60.0 - 23.0 - 2 * 1.75
