@@ -6,9 +6,9 @@ built their model; the ratios are against the same size's step alone under the d
 
 OpenMP's threads spin for a while at the end of each parallel region before they sleep. A core that
 another process needs then goes to spinning: the test suite runs two pytest processes side by side, each
-with a Ray that sees every core, so tests/conftest.py sets PASSIVE. A study's own torch processes never
-share cores (rayb's worker pool divides them as torch threads), so rayb leaves the default, which alone
-is the faster.
+with a Ray that sees every core, so tests/conftest.py sets PASSIVE. A study's worker groups never share
+cores (the pool divides them as torch threads), so rayb leaves the default, which alone is the faster;
+a CPU eval actor that Ray places beside a group training on every core does share them.
 
     python bench/shared_cores.py                    # the test suite's tiny gpt2 and the smoke study's
     python bench/shared_cores.py --sizes smoke --seconds 20 --rounds 3

@@ -14,10 +14,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite runs two pytest workers side by side, each with a Ray instance that sees every core, so their
-# torch processes share cores, as no study's own do, and OpenMP's threads spin-wait on cores the other
-# process needs. Side by side on 2 cores, the tiny study's gpt2 stepped 1.9-2.5x slower under the default
-# than with PASSIVE (`python bench/shared_cores.py`); alone, PASSIVE is the slower, but the suite's two
-# processes mostly train at once: 1600 s against 1805 s on one machine. Ray's processes inherit it.
+# torch processes share cores, as a study's worker groups never do, and OpenMP's threads spin-wait on
+# cores the other process needs. Side by side on 2 cores, the tiny study's gpt2 stepped 1.9-2.5x slower
+# under the default than with PASSIVE (`python bench/shared_cores.py`); alone, PASSIVE is the slower, but
+# the suite's two processes mostly train at once: 1600 s against 1805 s on one machine. Ray's processes
+# inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
