@@ -7,8 +7,9 @@ built their model; the ratios are against the same size's step alone under the d
 OpenMP's threads spin for a while at the end of each parallel region before they sleep. A core that
 another process needs then goes to spinning: the test suite runs two pytest processes side by side, each
 with a Ray that sees every core, so tests/conftest.py sets PASSIVE. A study's worker groups never share
-cores (the pool divides them as torch threads), so rayb leaves the default, which alone is the faster;
-a CPU eval actor that Ray places beside a group training on every core does share them.
+cores (the pool divides them as torch threads), and on one node its eval pool runs CPU jobs only on the
+cores their threads leave (eval/feed.py's free_cores), so rayb leaves the default, which alone is the
+faster. Over several nodes Ray places the eval actors, and one may share a node's cores with a group.
 
     python bench/shared_cores.py                    # the test suite's tiny gpt2 and the smoke study's
     python bench/shared_cores.py --sizes smoke --seconds 20 --rounds 3

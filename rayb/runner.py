@@ -268,7 +268,8 @@ def run_study(
         )
         feed = FinishedTrials(study, trials, capacity)
         evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus,
-                               poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers)  # fmt: skip
+                               poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers,
+                               free_cores=feed.free_cores)  # fmt: skip
         stages.end("planning")
         trained, groups, report_imports = 0, 0, None
 

@@ -3,6 +3,7 @@ no actor waits idle on resources that training may need; only CPUs no trial can 
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -102,6 +103,56 @@ def test_another_actor_starts_where_the_queued_work_outlasts_a_start():
     assert pool._worth_an_actor([speed] * 3)
     pool._live[0.0] = 2
     assert not pool._worth_an_actor([overfit, overfit])  # 3 s each for two live actors
+
+
+def test_cpu_jobs_start_only_on_the_cores_training_leaves_and_speed_once_none_trains():
+    """The pool's rule (pure arithmetic on what `free_cores` said): with no limit of the feed's, the queue's
+    first job; with training on, as many CPU jobs as free cores hold threads (those running, on actors or
+    drained workers, counted), never a job that times its process; a GPU share's queue is not limited."""
+    pool = EvalPool(num_actors=4, use_gpu=False, threads=1, log=lambda _: None)
+    speed, lm = SimpleNamespace(suite="speed"), SimpleNamespace(suite="lm")
+    pool._queues = {0.0: [speed, lm], 0.25: [speed]}
+    assert pool._next_index(0.0) == 0 and pool._cpu_jobs_left() == math.inf  # free_cores said None
+    pool._free = 0.0
+    assert pool._next_index(0.0) is None and pool._next_index(0.25) == 0
+    pool._free = 2.0
+    assert pool._next_index(0.0) == 1  # speed waits, lm may start
+    pool._running = {"actor's": (object(), 0.0, lm, 0.0), "a GPU's": (object(), 0.25, lm, 0.0)}
+    assert pool._cpu_jobs_left() == 1 and pool._next_index(0.0) == 1
+    pool._running["relayed"] = (None, 0.0, lm, 0.0)
+    assert pool._cpu_jobs_left() == 0 and pool._next_index(0.0) is None
+    pool._queues[0.0] = [speed]
+    pool._running, pool._free = {}, 2.0
+    assert pool._next_index(0.0) is None
+    pool._free = None
+    assert pool._next_index(0.0) == 0
+    pool.threads = 2  # each job's threads count against the cores
+    pool._free, pool._queues[0.0] = 3.0, [lm]
+    assert pool._cpu_jobs_left() == 1
+    pool._running = {"actor's": (object(), 0.0, lm, 0.0)}
+    assert pool._next_index(0.0) is None
+
+
+def test_a_job_waits_for_a_core_free_of_training(ray_session, tiny_cache, tmp_path):
+    """A fed job starts no actor and runs nowhere while training's threads fill the cores (`free_cores`
+    says 0), though Ray has CPUs free; it runs as soon as a core is free."""
+    (job,) = evaluation_jobs([_saved_trial("held", tiny_cache, tmp_path)], ["lm"], {})
+    free, handed = [0.0], []
+    deadline, held_until = time.time() + 120, time.time() + 3 * EvalPool.POLL_S
+
+    def feed():
+        assert time.time() < deadline, "the job never ran once a core was free"
+        if free[0] == 0.0:
+            assert not Path(job.out).exists() and not _alive_eval_actors(), "it ran beside training"
+            if time.time() > held_until:
+                free[0] = 1.0
+        jobs = [] if handed else [job]
+        handed.extend(jobs)
+        return jobs, not Path(job.out).exists()
+
+    pool = EvalPool(num_actors=2, use_gpu=False, log=lambda _: None, free_cores=lambda: free[0])
+    assert pool.serve(feed) == {}
+    assert read_result(Path(job.trial.trial_dir), "lm", {})["status"] == "ok"
 
 
 def _alive_eval_actors() -> dict[str, int]:

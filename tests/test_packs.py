@@ -253,12 +253,13 @@ def test_plan_shows_how_trials_pack_onto_the_gpus(tmp_path):
 
 
 @pytest.mark.parametrize("suites", [["lm"], ["lm", "speed"]])
-def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path, suites):
-    """On a 2-core node, two groups share a queue of four trials: no CPU is spare while two trials are
-    unfinished; with one left, one group has ended and its core is spare; one group of one seed leaves a
-    core spare from the start; none once training is over. Except where every suite may run on a drained
-    Train worker (not speed, which measures its process): once every group trains its last trial, its
-    own workers evaluate, holding their cores, so none is spare."""
+def test_spare_cpus_and_free_cores_are_those_no_group_with_a_trial_left_uses(tmp_path, suites):
+    """On a 2-core node, two groups share a queue of four trials: no CPU is spare, and no core free of
+    training's threads, while two trials are unfinished; with one left, one group has ended and its core is
+    both; none need be spare once training is over, when evaluation has every core (no limit of the
+    feed's: None). Except where every suite may run on a drained Train worker (not speed, which measures its
+    process): once every group trains its last trial, its own workers evaluate, holding their cores, so none
+    is spare. One group of one seed holds one Ray CPU but trains on both cores: neither is spare or free."""
     import json
 
     from rayb.eval.feed import FinishedTrials
@@ -268,8 +269,18 @@ def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path, suite
     drained_workers_evaluate = suites == ["lm"]
     trials = [replace(t, trial_dir=str(tmp_path / t.key)) for t in _trials(seeds=(0, 1))]
     one_node = Capacity(({"CPU": 2.0},))
-    feed = FinishedTrials(study, trials, one_node)
-    feed.pool, feed.slots = worker_pool(trials, slots=2, cores=2), 2
+    training = object()  # what runner.run_study sets while a worker pool trains (its DrainedWorkers)
+
+    def feed_of(trials: list[TrialSpec], capacity: Capacity, slots: int) -> FinishedTrials:
+        feed = FinishedTrials(study, trials, capacity)
+        feed.pool, feed.slots, feed.workers = (
+            worker_pool(trials, slots, int(capacity.nodes[0]["CPU"])),
+            slots,
+            training,
+        )
+        return feed
+
+    feed = feed_of(trials, one_node, slots=2)
     assert len(feed.pool) == 2
 
     def finish(trial: TrialSpec) -> None:
@@ -277,22 +288,32 @@ def test_spare_cpus_are_those_no_group_with_a_trial_left_can_use(tmp_path, suite
         Path(trial.trial_dir, TRAIN_DONE).write_text(json.dumps({"status": "failed"}))
         feed()
 
-    assert feed.spare_cpus() == 0
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, 0)
     for trial in trials[:2]:
         finish(trial)
-        assert feed.spare_cpus() == 0  # both groups still have a trial to train
+        assert (feed.spare_cpus(), feed.free_cores()) == (0, 0)  # both groups still have a trial to train
     finish(trials[2])
-    assert feed.spare_cpus() == (0 if drained_workers_evaluate else 1)
+    assert (feed.spare_cpus(), feed.free_cores()) == (0 if drained_workers_evaluate else 1, 1)
+    feed.workers = None
+    assert feed.free_cores() is None  # no worker pool trains
+    feed.workers = training
+    feed.training_over.set()
+    assert feed.free_cores() is None
+    feed.training_over.clear()
     finish(trials[3])
-    assert feed.spare_cpus() == 0  # nothing trains: no actor need wait
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, None)  # nothing trains: no actor need wait
 
-    feed = FinishedTrials(study, trials[:1], one_node)
-    feed.pool, feed.slots = worker_pool(trials[:1], slots=2, cores=2), 2
-    assert feed.spare_cpus() == (0 if drained_workers_evaluate else 1)  # one seed on two cores
-    two_nodes = Capacity(({"CPU": 2.0}, {"CPU": 2.0}))
-    feed = FinishedTrials(study, trials[:1], two_nodes)
-    feed.pool, feed.slots = worker_pool(trials[:1], slots=4, cores=4), 4
-    assert feed.spare_cpus() == 0  # actors there could split what a group needs on one node
+    feed = feed_of(trials[:1], one_node, slots=2)
+    assert feed.pool[0].threads == 2
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, 0)  # one seed on two cores
+    feed = feed_of(trials[:1], Capacity(({"CPU": 3.0},)), slots=3)
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, 0)  # on three threads
+    feed = feed_of(trials[:2], Capacity(({"CPU": 3.0},)), slots=2)
+    assert feed.pool[0].threads == 1  # two groups on three cores: one core left for evaluation
+    assert (feed.spare_cpus(), feed.free_cores()) == (0 if drained_workers_evaluate else 1, 1)
+    feed = feed_of(trials[:1], Capacity(({"CPU": 2.0}, {"CPU": 2.0})), slots=4)
+    # Actors there could split what a group needs on one node, and Ray places them: its count is the limit.
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, None)
 
 
 def test_the_pools_queue_hands_each_trial_to_one_group_and_a_restarted_group_its_own_again():

@@ -268,7 +268,12 @@ class EvalPool:
     actors start as before.
 
     While a CPU study's worker pool drains (`drained`), the jobs a Train worker may run go to the workers
-    whose groups have no trial left (DrainedWorkers), and no actor starts for them."""
+    whose groups have no trial left (DrainedWorkers), and no actor starts for them.
+
+    Where training's torch threads fill cores that Ray counts as free (`free_cores`, asked at each poll:
+    one CPU node), CPU jobs, on actors and drained workers alike, run only on the cores those threads
+    leave; a job that measures its process (speed) waits until no group trains. A job run beside a trial's
+    threads slowed both 2-5x on 2 cores (bench/shared_cores.py), and would have timed a contended core."""
 
     POLL_S = 1.0  # how often the feed is asked for new jobs while others run, by default (see poll_for)
     ATTEMPTS = 3  # runs of one job in all, each after the last lost its actor, before it counts as failed
@@ -282,11 +287,14 @@ class EvalPool:
         self, num_actors: int, use_gpu: bool, threads: int = 1, log: Callable[[str], None] = print,
         spare_cpus: Callable[[], float] = lambda: 0.0, poll_s: float = POLL_S,
         drained: Callable[[], DrainedWorkers | None] = lambda: None,
+        free_cores: Callable[[], float | None] = lambda: None,
     ):  # fmt: skip
         self.num_actors, self.use_gpu, self.threads, self.log = num_actors, use_gpu, threads, log
         self.poll_s = poll_s
         self.spare_cpus = spare_cpus
         self.drained = drained  # the training pool's drained workers, while a pool trains
+        self.free_cores = free_cores
+        self._free: float | None = None  # what free_cores said at the last poll (None: no limit of its own)
         self.stopping = threading.Event()  # set from another thread to abandon the queued jobs
         self.submitted = 0
         self._queues: dict[float, list[EvalJob]] = {}  # per GPU share: jobs waiting for an actor
@@ -325,6 +333,7 @@ class EvalPool:
                         self._queues.setdefault(gpus_for(job, self.use_gpu), []).append(job)
                     for queue in self._queues.values():  # held-out loss first: adaptive seeds wait on it
                         queue.sort(key=lambda job: job.suite != PRIMARY_SUITE)
+                self._free = self.free_cores()
                 spare = 0 if self._groups_wait() else int(self.spare_cpus() // self.threads)
                 # Standing actors start a poll after spare CPUs first show, once the worker groups that
                 # leave them spare have asked Ray for their processes. Asked for first, an actor took one
@@ -432,10 +441,11 @@ class EvalPool:
             return []
         if not state["groups"]:  # no drained worker can come any more: actors take them
             return []
-        for job in theirs[: state["free"]]:
+        given = max(0, int(min(state["free"], self._cpu_jobs_left())))
+        for job in theirs[:given]:
             self._running[workers.evaluate(job, self.threads)] = (None, 0.0, job, time.perf_counter())
         queue[:] = [job for job in queue if not relayable(job.suite)]
-        return theirs[state["free"] :]
+        return theirs[given:]
 
     def _start_actors(self, more: bool) -> None:
         """Give each queued job an idle actor, or start one (a CPU one where it pays: `_worth_an_actor`), up
@@ -443,7 +453,7 @@ class EvalPool:
         still come, start the rest of them."""
         for gpus, queue in self._queues.items():
             idle = self._idle if gpus == 0.0 else []
-            while queue and (idle or self._live.get(gpus, 0) < self.num_actors):
+            while self._next_index(gpus) is not None and (idle or self._live.get(gpus, 0) < self.num_actors):
                 if idle:
                     self._next_job(idle.pop(), gpus)
                 elif gpus == 0.0 and not self._worth_an_actor(queue):
@@ -474,11 +484,30 @@ class EvalPool:
         queued_s = sum(statistics.fmean(self._job_s.get(job.suite, walls)) for job in queue)
         return queued_s / live > self._start_s
 
+    def _cpu_jobs_left(self) -> float:
+        """How many more CPU jobs may run now on the cores training leaves free (`free_cores`)."""
+        if self._free is None:
+            return math.inf
+        running = sum(gpus == 0.0 for _, gpus, _, _ in self._running.values())
+        return self._free // self.threads - running
+
+    def _next_index(self, gpus: float) -> int | None:
+        """Where in its GPU share's queue the next job that may start now is (None: none may)."""
+        queue = self._queues.get(gpus, [])
+        if gpus != 0.0 or self._free is None:
+            return 0 if queue else None
+        if self._cpu_jobs_left() < 1:
+            return None
+        # With training on: not a job that times its process (exclusive_device); it waits for the cores.
+        return next(
+            (i for i, job in enumerate(queue) if not parse_suite(job.suite)[0].exclusive_device), None
+        )
+
     def _next_job(self, handle, gpus: float) -> None:
         """Give an actor the next job of its GPU share; with none, let it wait if spare CPUs hold it, else
         stop it."""
-        if queue := self._queues.get(gpus):
-            job = queue.pop(0)
+        if (index := self._next_index(gpus)) is not None:
+            job = self._queues[gpus].pop(index)
             self._running[handle.run.remote(job)] = (handle, gpus, job, time.perf_counter())
         elif gpus == 0.0 and self._live.get(0.0, 0) <= self._standing:
             self._idle.append(handle)

@@ -27,27 +27,51 @@ class FinishedTrials:
         self.slots = 0
         self.workers: DrainedWorkers | None = None  # theirs, in a CPU study
 
-    def spare_cpus(self) -> float:
-        """CPUs that no worker group of this round can use, now or later: the groups that still have a
-        trial to train (as many as run at once) hold theirs. Only for a CPU study on one node, where a count
-        is exact: actors elsewhere could split a node's CPUs that a group needs together, or GPUs' shares."""
-        if self.study.train.use_gpu or len(self.capacity.nodes) != 1:
-            return 0.0
+    def _one_cpu_node(self) -> bool:
+        return not self.study.train.use_gpu and len(self.capacity.nodes) == 1
+
+    def _groups_training(self) -> tuple[int, bool]:
+        """How many of the pool's groups train now (each still has a trial, as many as run at once), and
+        whether each of those trains its last."""
         waiting = {t.key for t in self.waiting}
         groups = Counter(group.queue for group in self.pool)  # each queue's groups
         queues = {group.queue: group.trials for group in self.pool}
         # A queue's groups go on while it has trials, but no more of them than it has unfinished trials.
         unfinished = {q: sum(t.key in waiting for t in queues[q]) for q in groups}
         busy = sum(min(count, unfinished[q]) for q, count in groups.items())
+        last = len(self.pool) <= self.slots and all(unfinished[q] <= count for q, count in groups.items())
+        return min(self.slots, busy), last
+
+    def _cores_left(self, busy: int) -> float:
+        """The node's cores that `busy` training groups' torch threads leave: a worker holds one Ray CPU but
+        trains on as many threads as its share of the cores (worker_pool), so Ray counts cores as free that
+        training uses."""
+        in_use = busy * self.pool[0].threads * self.study.train.num_workers
+        return max(0.0, self.capacity.nodes[0].get("CPU", 0.0) - in_use)
+
+    def spare_cpus(self) -> float:
+        """CPUs that no worker group of this round can use, now or later: the groups that still have a
+        trial to train (as many as run at once) hold theirs, and their threads the cores they train on.
+        Only for a CPU study on one node, where a count is exact: actors elsewhere could split a node's
+        CPUs that a group needs together, or GPUs' shares."""
+        if not self._one_cpu_node():
+            return 0.0
+        busy, last = self._groups_training()
         if not busy:  # between rounds and once training is over, no actor need wait
             return 0.0
-        if (
-            len(self.pool) <= self.slots
-            and all(unfinished[q] <= count for q, count in groups.items())
-            and all(relayable(suite) for suite in self.study.eval)
-        ):  # every group trains its last trial: each will evaluate once drained (DrainedWorkers)
-            return 0.0
-        return left_free(self.study.train, self.capacity, min(self.slots, busy))["CPU"]
+        if last and all(relayable(suite) for suite in self.study.eval):
+            return 0.0  # every group trains its last trial: each will evaluate once drained (DrainedWorkers)
+        return min(left_free(self.study.train, self.capacity, busy)["CPU"], self._cores_left(busy))
+
+    def free_cores(self) -> float | None:
+        """Cores where evaluation jobs may run now without slowing a trial (or a contended core skewing
+        speed's timings): those the training groups' threads leave on one CPU node. None where Ray's count
+        is the limit: a GPU study, one over several nodes, and whenever no worker pool trains (between
+        rounds, after training)."""
+        if not self._one_cpu_node() or self.workers is None or self.training_over.is_set() or not self.pool:
+            return None
+        busy, _ = self._groups_training()
+        return self._cores_left(busy) if busy else None
 
     def __call__(self) -> tuple[list[EvalJob], bool]:
         from rayb.eval.actors import evaluation_jobs
