@@ -18,7 +18,6 @@ from rayb.tune.packs import (
     groups_at_once,
     groups_fitting,
     groups_per_queue,
-    left_free,
     makespan,
     one_node,
     trial_slots,
@@ -175,14 +174,6 @@ def test_placement_follows_the_nodes_the_cluster_has_or_can_launch():
     # Node types rayb cannot read, and no live node that holds the group: it spreads (a group held to one
     # node that no node type has would wait forever).
     assert not one_node(eight, Capacity(head, scales=True))
-
-
-def test_what_the_worker_groups_leave_free_is_left_for_evaluation():
-    two_cores = Capacity(({"CPU": 2.0},))
-    assert left_free(TrainSpec(), two_cores, groups=1) == {"CPU": 1.0}  # one seed: a core stays free
-    assert left_free(TrainSpec(), two_cores, groups=2) == {"CPU": 0.0}
-    gpus = Capacity(({"CPU": 16.0, "GPU": 8.0},))
-    assert left_free(TrainSpec(use_gpu=True, gpus_per_trial=0.25), gpus, groups=8) == {"CPU": 8.0, "GPU": 6.0}
 
 
 def test_a_cluster_that_can_never_fit_a_trial_is_named_with_what_is_missing():

@@ -13,7 +13,7 @@ from rayb.eval.actors import DrainedWorkers, EvalJob, EvalPool, relayable
 from rayb.files import read_json
 from rayb.study import Study
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec
-from rayb.tune.packs import Capacity, left_free
+from rayb.tune.packs import Capacity
 
 
 class FinishedTrials:
@@ -61,7 +61,7 @@ class FinishedTrials:
             return 0.0
         if last and all(relayable(suite) for suite in self.study.eval):
             return 0.0  # every group trains its last trial: each will evaluate once drained (DrainedWorkers)
-        return min(left_free(self.study.train, self.capacity, busy)["CPU"], self._cores_left(busy))
+        return self._cores_left(busy)  # never more than Ray counts free: each worker trains on >= 1 thread
 
     def free_cores(self) -> float | None:
         """Cores where evaluation jobs may run now without slowing a trial (or a contended core skewing

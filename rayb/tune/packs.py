@@ -79,14 +79,6 @@ def worker_resources(train: TrainSpec) -> dict[str, float]:
     return {"CPU": 1.0} | ({"GPU": train.gpus_per_worker} if train.use_gpu else {})
 
 
-def left_free(train: TrainSpec, capacity: Capacity, groups: int) -> dict[str, float]:
-    """What the live nodes keep free, in all, while `groups` worker groups of `train` hold theirs."""
-    return {
-        name: sum(node.get(name, 0.0) for node in capacity.nodes) - groups * train.num_workers * amount
-        for name, amount in worker_resources(train).items()
-    }
-
-
 def _workers_on(node: dict[str, float], train: TrainSpec) -> int:
     return int(min(node.get(name, 0.0) / amount + 1e-9 for name, amount in worker_resources(train).items()))
 
