@@ -20,9 +20,6 @@ from rayb.tune.packs import Capacity, NodeType
 # (train/trainer.PackTrainer) where the environment has no setting of the user's. On rayb's private
 # instance they are also set before Ray starts, so that every process inherits them.
 TRAIN_SETTINGS = (
-    # Ray Train's controller polls its workers every 2 s by default, and each checkpoint report and the end
-    # of a run wait for the next poll: seconds per trial, more than a small model's checkpoint costs.
-    ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"),
     # How long a worker group waits for its resources before Ray Train gives up on that attempt and starts
     # another. Ray's default, 60 s, is less than a GPU node takes to boot; each attempt drops the resource
     # request the autoscaler is serving and asks again. Waiting never fails a trial: Ray Train retries a

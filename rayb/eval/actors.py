@@ -203,6 +203,10 @@ class DrainedWorkers:
         except (ValueError, ray.exceptions.RayActorError):  # not started yet, or the pool has ended
             return None
 
+    def changed(self, version: int, timeout_s: float):
+        """A ref that is ready once the queue's state has moved on from `version` (TrialQueue.changed)."""
+        return self._handle.changed.remote(version, timeout_s)
+
     def evaluate(self, job: EvalJob, threads: int):
         """A ref to the job's result (None if no worker was free after all)."""
         import ray
@@ -309,6 +313,7 @@ class EvalPool:
         self._cold: set = set()  # CPU actors started for a job that has not come back yet: still starting
         self._start_s: float | None = None  # the last measured start of a CPU actor, to its first job
         self._job_s: dict[str, list[float]] = {}  # per suite: the CPU jobs' walls so far
+        self._change = None  # while a pool trains: a ref ready once its queue's state moves (_wait)
 
     @classmethod
     def poll_for(cls, trials_at: Path | str) -> float:
@@ -345,13 +350,9 @@ class EvalPool:
                 self._start_actors(more)
                 if kept:
                     self._queues[0.0][:0] = kept
-                if not self._running:
-                    if not more:
-                        break
-                    time.sleep(self.poll_s)
-                    continue
-                ready, _ = ray.wait(list(self._running), num_returns=1, timeout=self.poll_s)
-                for ref in ready:
+                if not self._running and not more:
+                    break
+                for ref in self._wait(workers, state):
                     relayed = self._running[ref][0] is None
                     job, result = self._collect(ref)
                     if result is None:  # queued again, for a fresh actor
@@ -370,6 +371,27 @@ class EvalPool:
                 if handle is not None:  # a drained worker's job ends with its worker group
                     ray.kill(handle)
         return errors
+
+    def _wait(self, workers: DrainedWorkers | None, state: dict[str, Any] | None) -> list:
+        """The running jobs' refs that are ready, after waiting for one of them, or poll_s for the feed. While
+        a CPU study's pool trains, what may bring jobs is its queue's state moving (a trial finished, a
+        drained worker free): the wait is for that instead, or LOOK_S. Asked every poll_s, the queue and
+        this process woke five times a second beside the training steps."""
+        import ray
+
+        if state is None:  # no pool trains (a GPU study, between rounds, after training): the feed is asked
+            self._change = None
+        elif self._change is None:
+            self._change = workers.changed(state["version"], self.LOOK_S)
+        refs = list(self._running) + ([self._change] if self._change is not None else [])
+        if not refs:
+            time.sleep(self.poll_s)
+            return []
+        timeout_s = self.LOOK_S if self._change is not None else self.poll_s
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if self._change is not None and self._change in ready:
+            self._change = None
+        return [ref for ref in ready if ref in self._running]
 
     def _collect(self, ref) -> tuple[EvalJob, dict[str, Any] | None]:
         """A finished job and its result, its actor given the next job. A job whose actor died under it, or

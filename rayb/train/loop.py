@@ -80,6 +80,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         from rayb.eval.actors import serve_drained
 
         serve_drained(config["queue"])
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    get_train_context().controller_actor.hurry.remote()  # its poll sees the end now (trainer.EnvController)
 
 
 def trials_to_train(pack: TrialPack, comm: HostCollectives, queue: str | None) -> Iterator[TrialSpec]:

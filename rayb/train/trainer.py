@@ -4,8 +4,11 @@ self-checks a GPU study runs on a GPU worker before it trains."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -227,6 +230,41 @@ class EnvController(TrainController):
             )
         os.environ.update(env_vars)
         super().__init__(**kwargs)
+        self._hurried, self._woken = False, asyncio.Event()
+
+    # Ray Train polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default), and only a poll
+    # takes a worker's checkpoint report or sees its train function end. Where a worker waits for one
+    # (the registration of its last checkpoint, or its run's end), the controller is hurried: it polls at
+    # once and then every HURRIED_POLL_S until a poll brings a report, an error or the group's end.
+    # Polling every 0.5 s instead cost training: each poll wakes the controller and every worker's
+    # process beside the training threads (on 2 cores a small model's steps took 1-3% longer).
+    HURRIED_POLL_S = 0.05
+
+    def hurry(self) -> None:
+        """A worker waits for the next poll (its train function's end: train/loop.py)."""
+        self._hurried = True
+        self._woken.set()
+
+    async def get_all_reported_checkpoints(self, current_report_index: int, *args, **kwargs):
+        """Ray Train's, which waits until this controller has taken the worker's reports so far: hurried
+        where one has not been taken yet."""
+        if self._checkpoint_manager._current_report_index != current_report_index:
+            self.hurry()
+        return await super().get_all_reported_checkpoints(current_report_index, *args, **kwargs)
+
+    async def _poll_workers(self):
+        """Ray Train's poll, an interval after the last one, or sooner where hurried."""
+        interval = self.HURRIED_POLL_S if self._hurried else self._health_check_interval_s
+        if (wait_s := self._latest_poll_time + interval - time.monotonic()) > 0:
+            self._woken.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), wait_s)
+        if self._hurried:
+            self._latest_poll_time = -math.inf  # Ray Train's own wait for its interval: none
+        status = await super()._poll_workers()
+        if status.finished or any(s.training_report or s.error for s in status.worker_statuses.values()):
+            self._hurried = False
+        return status
 
 
 class PackTrainer(DataParallelTrainer):
@@ -262,8 +300,22 @@ class PackTrainer(DataParallelTrainer):
         )  # fmt: skip
         if threading.current_thread() is threading.main_thread():  # else signal handlers cannot be set
             self._register_sigint_handler(controller)
-        ray.get(controller.run.remote())
+        try:
+            ray.get(controller.run.remote())
+        except ray.exceptions.RayActorError:
+            self._lost(controller._actor_id.hex())
+            raise
         return ray.get(controller.get_result.remote())
+
+    def _lost(self, controller: str) -> None:
+        """Tell the pool's queue that the run's controller died (killed, out of memory): what its run held
+        goes now (tune/group.TrialQueue.lost). A queue that has gone itself (the pool ended) needs telling
+        nothing."""
+        import ray
+
+        if self.queue is not None:
+            with contextlib.suppress(ValueError, ray.exceptions.RayActorError):
+                ray.get(ray.get_actor(self.queue).lost.remote(controller))
 
     def _create_default_callbacks(self):
         dropped = (DatasetsCallback, PlacementGroupCleanerCallback)

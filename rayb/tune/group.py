@@ -8,7 +8,6 @@ study starts on).
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -16,7 +15,6 @@ from collections import deque
 
 import ray
 
-logger = logging.getLogger(__name__)
 WAIT = "wait"  # a drained worker's answer while no evaluation job has been relayed to it yet
 
 
@@ -31,8 +29,9 @@ class TrialQueue:
     controller, and would hold its CPUs or GPUs from the restarted group until the study ends. Ray Train
     starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
     asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
-    cores, and up to a second more at the run's end. The pool's queue does it once for all its groups,
-    asking the GCS (see trainer.PoolCleaner).
+    cores, and up to a second more at the run's end. The pool's queue does it once the driver, whose call
+    to the controller fails as it dies, says so (`lost`: see trainer.PackTrainer); where the driver dies,
+    the job's placement groups and actors go with it.
 
     It hands out the Train workers the driver started ahead for its groups on rayb's private instance
     (trainer.start_warm_workers), and kills those a group adopted once that group's controller is gone:
@@ -44,9 +43,13 @@ class TrialQueue:
     trial needs, and has imported what an eval actor would import again. The relay is open only while an
     eval pool asks for its state (at least every LEASE_S): a pool run with none, or whose eval pool has
     died, lets its drained workers go. Those methods run in a concurrency group of their own ("relay"),
-    since `evaluate` waits for its job's end."""
+    since `evaluate` waits for its job's end.
 
-    CHECK_S = 1.0  # how often the controllers' liveness is asked for
+    Each change an eval pool acts on (a trial finished or taken, a group started or ended, a drained worker
+    free) moves the queue's `version`, which the pool waits on (`changed`) rather than asking again and
+    again beside the training steps."""
+
+    CHECK_S = 1.0  # how often a relayed job's worker is asked after
     KILL_S = 30.0  # the longest a killed worker is waited for
     LEASE_S = 30.0  # an eval pool asks every 0.2-1 s, or after a scan of the trials on object storage
 
@@ -58,19 +61,25 @@ class TrialQueue:
         self.adopted: dict[str, list[bytes]] = {}  # {controller actor id: the warm workers its group took}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
-        self._watcher: threading.Thread | None = None
-        self._relay = threading.Condition()  # guards the five below
+        self._relay = threading.Condition()  # guards the six below
         self._free: list[str] = []  # drained workers (actor ids) waiting for a job, the earliest first
         self._busy: set[str] = set()  # drained workers running a job
         self._handed: dict[str, bytes] = {}  # {worker: the job it is to run, pickled} until it asks for it
         self._results: dict[str, dict] = {}  # {worker: its job's result} until `evaluate` returns it
         self._released = False
         self._asked = -math.inf  # when an eval pool last asked for the relay's state
+        self._version = 0  # moved by each change an eval pool acts on (`changed`)
+
+    def _moved(self) -> None:
+        with self._relay:
+            self._version += 1
+            self._relay.notify_all()
 
     def started(self, controller: str, handle: bytes) -> None:
         """A run's controller has started (`handle`: its actor handle, pickled): ended at once if the pool
         has stopped, else when it stops."""
         self.controllers[controller] = handle
+        self._moved()
         if self.stopping:
             self._end(controller)
 
@@ -117,34 +126,27 @@ class TrialQueue:
                 time.sleep(0.05)
 
     def watch(self, controller: str, placement_group) -> None:
-        """Remove `placement_group` if the controller dies before it `ended` (a controller that starts
+        """Remove `placement_group` if the controller is `lost` before it `ended` (a controller that starts
         another worker group registers that one's instead)."""
         self.watched[controller] = placement_group
-        if self._watcher is None:
-            self._watcher = threading.Thread(target=self._remove_orphans, daemon=True)
-            self._watcher.start()
 
     def ended(self, controller: str) -> None:
         """A run has ended (Ray Train's own shutdown has killed its workers, adopted ones included)."""
         self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
         self.adopted.pop(controller, None)
+        self._moved()
 
-    def _remove_orphans(self) -> None:
-        from ray._private.state import actors
+    def lost(self, controller: str) -> None:
+        """A run's controller died without ending its run: its worker group's placement group is removed,
+        and the warm workers it adopted are killed."""
         from ray.util.placement_group import placement_group_table, remove_placement_group
 
-        while True:
-            time.sleep(self.CHECK_S)
-            for controller, group in list(self.watched.items()):
-                try:
-                    if actors(controller).get("State") == "DEAD":
-                        if placement_group_table(group).get("state") not in (None, "REMOVED"):
-                            remove_placement_group(group)
-                        self._kill_adopted(controller)
-                        self.ended(controller)
-                except Exception:  # the GCS unreachable for a moment: ask again next time
-                    logger.warning("could not check controller %s", controller, exc_info=True)
+        if (group := self.watched.get(controller)) is not None:
+            if placement_group_table(group).get("state") not in (None, "REMOVED"):
+                remove_placement_group(group)
+        self._kill_adopted(controller)
+        self.ended(controller)
 
     def take(self, shape: str, group: str, finished: str | None = None) -> str | None:
         """The group's next trial (None once its queue is empty), after the one it `finished`. The trial a
@@ -155,6 +157,7 @@ class TrialQueue:
             self._kill_adopted_of_dead_controllers()
         if group not in self.held and self.waiting[shape]:
             self.held[group] = self.waiting[shape].popleft()
+        self._moved()
         return self.held.get(group)
 
     def _kill_adopted_of_dead_controllers(self) -> None:
@@ -168,6 +171,7 @@ class TrialQueue:
         """A group that failed for good: the trial it held, and its shape's waiting trials, which go untrained
         with it (as a user's model that crashes would crash in each of its trials)."""
         waiting, self.waiting[shape] = list(self.waiting[shape]), deque()
+        self._moved()
         return self.held.pop(group, None), waiting
 
     # ----- evaluations relayed to drained workers ---------------------------------------------------------
@@ -187,24 +191,26 @@ class TrialQueue:
                 return job
             if worker not in self._free:
                 self._free.append(worker)
+                self._moved()
             return WAIT
 
     @ray.method(concurrency_group="relay")
     def done(self, worker: str, result: dict) -> None:
         with self._relay:
             self._results[worker] = result
-            self._relay.notify_all()
+            self._moved()
 
     @ray.method(concurrency_group="relay")
     def relay_state(self) -> dict:
         """What the eval pool decides on: drained workers `free` for a job (and `busy` with one); whether the
         workers have been `released`; whether the pool is `drained` (no trial waits for a group) and
         `finished` (none is held either: every trial has finished training); how many `groups` run (a
-        drained worker may yet come)."""
+        drained worker may yet come); and the queue's `version` (see `changed`)."""
         with self._relay:
             self._asked = time.monotonic()
             drained = not any(self.waiting.values())
             return {
+                "version": self._version,
                 "free": len(self._free),
                 "busy": len(self._busy),
                 "released": self._released,
@@ -212,6 +218,13 @@ class TrialQueue:
                 "finished": drained and not self.held,
                 "groups": len(self.controllers),
             }
+
+    @ray.method(concurrency_group="relay")
+    def changed(self, seen: int, timeout_s: float) -> int:
+        """The queue's version, once it has moved from `seen` (or `timeout_s` on)."""
+        with self._relay:
+            self._relay.wait_for(lambda: self._version != seen, timeout=timeout_s)
+            return self._version
 
     @ray.method(concurrency_group="relay")
     def release(self) -> None:

@@ -39,10 +39,10 @@ PACK_RESTARTS = 3
 
 
 class ClusterWatch:
-    """Watches the cluster while trials wait and train (`look`, every WATCH_S): what the autoscaler is
-    starting goes to the study's `cluster.json` for the live view and `rayb status`, and a cluster that can
-    no longer ever fit a trial (a fixed cluster that lost its nodes) stops the pool, naming why, where the
-    trials would otherwise wait forever."""
+    """Watches the cluster while trials wait and train (`look`, every WATCH_S where an autoscaler may serve
+    it, else as groups end): what the autoscaler is starting goes to the study's `cluster.json` for the
+    live view and `rayb status`, and a cluster that can no longer ever fit a trial (a fixed cluster that
+    lost its nodes) stops the pool, naming why, where the trials would otherwise wait forever."""
 
     WATCH_S = 1.0  # a node may boot within a few seconds: each look is a GCS read or two
 
@@ -103,6 +103,8 @@ def run_pool(
         stopped.set()
         ray.get(queue.stop.remote())
 
+    # rayb's private instance is one node that only the driver's own end can lose.
+    look_every = ClusterWatch.WATCH_S if requests_resources else None
     try:
         with ThreadPoolExecutor(max_concurrent, thread_name_prefix="rayb-group") as threads:
             running = {
@@ -111,11 +113,11 @@ def run_pool(
             }
             try:
                 while running:
-                    done, running = wait(running, timeout=ClusterWatch.WATCH_S, return_when=FIRST_COMPLETED)
+                    if watch.why is None and watch.look():
+                        stop()  # ends the running groups; the waiting ones see it
+                    done, running = wait(running, timeout=look_every, return_when=FIRST_COMPLETED)
                     for group in done:
                         errors |= group.result()
-                    if running and watch.why is None and watch.look():
-                        stop()  # ends the running groups; the waiting ones see it
             except BaseException:  # Ctrl-C, or a bug: the threads' runs end before the driver does
                 stop()
                 raise
