@@ -336,9 +336,13 @@ def test_the_queue_relays_jobs_to_drained_workers_only_once_no_trial_waits_and_u
     assert not queue.relay_state()["drained"]
     assert queue.job_for("w0") is None  # a trial still waits for a group: a worker with none goes
     assert queue.evaluate(b"job") is None  # no worker free: the pool runs it on an actor instead
+    seen = queue.relay_state()["version"]
+    assert queue.changed(seen, timeout_s=0.05) == seen  # nothing moved: the eval pool's wait times out
     assert queue.take("gpt2", "g1") == "b"
-    assert queue.relay_state() == {
-        "free": 0, "busy": 0, "released": False, "drained": True, "finished": False, "groups": 0
+    version = queue.changed(seen, timeout_s=60)  # a trial taken wakes the eval pool at once
+    assert version > seen and queue.relay_state() == {
+        "version": version, "free": 0, "busy": 0, "released": False, "drained": True, "finished": False,
+        "groups": 0,
     }  # fmt: skip
     assert queue.job_for("w0") == WAIT and queue.relay_state()["free"] == 1
     result: list = []
@@ -352,8 +356,33 @@ def test_the_queue_relays_jobs_to_drained_workers_only_once_no_trial_waits_and_u
     assert result == [{"status": "ok"}] and queue.relay_state()["busy"] == 0
     assert queue.take("gpt2", "g0", finished="a") is None and queue.take("gpt2", "g1", finished="b") is None
     assert queue.relay_state()["finished"] and queue.job_for("w0") == WAIT
-    queue.release()
+    evaluation = threading.Thread(target=lambda: result.append(queue.evaluate(b"last")))
+    evaluation.start()
+    while queue.relay_state()["busy"] == 0:
+        time.sleep(0.01)
+    queue.release()  # after the last job was handed to w0, before w0 asked again: it still runs it
+    assert queue.job_for("w0") == b"last"
+    queue.done("w0", {"status": "ok"})
+    evaluation.join()
+    assert result[-1] == {"status": "ok"}
     assert queue.job_for("w0") is None and queue.job_for("w1") is None and queue.evaluate(b"job") is None
+
+
+def test_a_free_drained_workers_ask_waits_for_its_job_not_its_poll():
+    import threading
+
+    from rayb.tune.group import WAIT, TrialQueue
+
+    queue = TrialQueue({"gpt2": []})
+    queue.relay_state()  # an eval pool asks: the relay is open
+    began = time.monotonic()
+    assert queue.job_for("w0") == WAIT and time.monotonic() - began >= TrialQueue.ASK_S * 0.9
+    asked = threading.Thread(target=lambda: queue.evaluate(b"job"))
+    began = time.monotonic()
+    threading.Timer(0.3, asked.start).start()
+    assert queue.job_for("w0") == b"job" and time.monotonic() - began < TrialQueue.ASK_S * 0.9
+    queue.done("w0", {"status": "ok"})
+    asked.join()
 
 
 def test_what_the_pools_processes_import_leaves_out_the_drivers_modules():

@@ -217,9 +217,6 @@ class DrainedWorkers:
         self._handle.release.remote()
 
 
-RELAY_POLL_S = 0.1  # how often a drained worker asks for its next job
-
-
 def serve_drained(queue: str) -> None:
     """On a Train worker whose group has no trial left (train/loop.py): run the jobs the pool's queue relays
     to it until let go; a pool that has ended lets it go too."""
@@ -230,8 +227,7 @@ def serve_drained(queue: str) -> None:
     handle, worker = ray.get_actor(queue), ray.get_runtime_context().get_actor_id()
     try:
         while (given := ray.get(handle.job_for.remote(worker))) is not None:
-            if given == WAIT:
-                time.sleep(RELAY_POLL_S)
+            if given == WAIT:  # asked again at once: the queue's answer waits for a job
                 continue
             job, threads = ray.cloudpickle.loads(given)
             ray.get(handle.done.remote(worker, _summary(run_job(job, threads))))

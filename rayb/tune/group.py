@@ -51,7 +51,8 @@ class TrialQueue:
 
     CHECK_S = 1.0  # how often a relayed job's worker is asked after
     KILL_S = 30.0  # the longest a killed worker is waited for
-    LEASE_S = 30.0  # an eval pool asks every 0.2-1 s, or after a scan of the trials on object storage
+    LEASE_S = 30.0  # an eval pool asks at least every 5 s, or after a scan of the trials on object storage
+    ASK_S = 1.0  # the longest a free drained worker's ask for a job waits before it asks again
 
     def __init__(self, queues: dict[str, list[str]], warm: list[bytes] = ()):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
@@ -178,21 +179,23 @@ class TrialQueue:
 
     @ray.method(concurrency_group="relay")
     def job_for(self, worker: str) -> bytes | str | None:
-        """A drained worker's next evaluation job (pickled), WAIT while it has none yet; None once it may go:
-        when released, while a trial still waits for a group (the CPUs it holds may be the ones needed), or
-        with no eval pool asking for jobs."""
+        """A drained worker's next evaluation job (pickled), once handed to it (or WAIT after ASK_S without
+        one); None once it may go: when released, while a trial still waits for a group (the CPUs it holds
+        may be the ones needed), or with no eval pool asking for jobs. A job handed to it before any of those
+        is still its to run: `evaluate` waits for that job's result."""
         with self._relay:
+            if (job := self._handed.pop(worker, None)) is not None:
+                return job
             unasked = time.monotonic() - self._asked > self.LEASE_S
             if self._released or unasked or any(self.waiting.values()):
                 if worker in self._free:
                     self._free.remove(worker)
                 return None
-            if (job := self._handed.pop(worker, None)) is not None:
-                return job
             if worker not in self._free:
                 self._free.append(worker)
                 self._moved()
-            return WAIT
+            self._relay.wait_for(lambda: worker in self._handed or self._released, timeout=self.ASK_S)
+            return self._handed.pop(worker, None) or WAIT
 
     @ray.method(concurrency_group="relay")
     def done(self, worker: str, result: dict) -> None:
@@ -231,6 +234,7 @@ class TrialQueue:
         """Let the drained workers go once their jobs end: no more jobs will be relayed."""
         with self._relay:
             self._released, self._free = True, []
+            self._relay.notify_all()
 
     @ray.method(concurrency_group="relay")
     def evaluate(self, job: bytes) -> dict | None:
@@ -245,6 +249,7 @@ class TrialQueue:
             worker = self._free.pop(0)
             self._handed[worker] = job
             self._busy.add(worker)
+            self._relay.notify_all()
             try:
                 while not self._relay.wait_for(lambda: worker in self._results, timeout=self.CHECK_S):
                     try:
@@ -260,6 +265,6 @@ class TrialQueue:
 
 
 def queue_actor(relay: int):
-    """TrialQueue as a Ray actor class, with `relay` threads for the relay's calls (one for each drained
-    worker that may run a job at once, and a few for the workers' other calls)."""
+    """TrialQueue as a Ray actor class, with `relay` threads for the relay's calls (two for each drained
+    worker: its waiting ask and the job it runs; and a few for the eval pool's calls)."""
     return ray.remote(concurrency_groups={"relay": relay})(TrialQueue)

@@ -87,7 +87,7 @@ def run_pool(
     first_workers = min(max_concurrent, len(groups)) * train.num_workers
     warm = start_warm_workers(first_workers) if not (requests_resources or train.use_gpu) else []
     queue = (
-        queue_actor(relay=max_concurrent * train.num_workers + 4)
+        queue_actor(relay=2 * max_concurrent * train.num_workers + 4)
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
         .remote(
             {shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()},
