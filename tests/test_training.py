@@ -410,6 +410,24 @@ def test_a_pools_group_trains_on_the_worker_started_ahead_and_none_outlives_the_
         assert len(own) == (0 if setting is None else 1)
 
 
+def test_a_trials_checkpoints_and_its_groups_end_wait_for_no_poll_of_ray_trains(
+    tiny_cache, tmp_path, monkeypatch
+):
+    """Ray Train's controller takes a worker's checkpoint report, and sees its train function end, only as it
+    polls its workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S); each checkpoint after the first waits for
+    the last one's registration. rayb's controller polls at once where a worker waits on it (trainer.
+    EnvController.hurry), until the poll sees what the worker waits for: with polls a minute apart, a trial
+    with three checkpoints still trains, and its group ends, well within that minute."""
+    interval_s = 60.0
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(interval_s))
+    trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[2])), tiny_cache, tmp_path)
+                 if t.arch == "gpt2")  # fmt: skip
+    began = time.monotonic()
+    assert run_pool(worker_pool([trial], slots=1, cores=1), 1) == {} and trial.done
+    assert len([r for r in read_metrics(Path(trial.trial_dir) / METRICS) if r["kind"] == "val"]) == 3
+    assert time.monotonic() - began < interval_s / 2
+
+
 def test_a_pool_resumes_the_trial_of_a_lost_controller_once_the_worker_it_adopted_is_dead(
     runs, tiny_cache, tmp_path
 ):

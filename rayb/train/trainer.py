@@ -230,40 +230,48 @@ class EnvController(TrainController):
             )
         os.environ.update(env_vars)
         super().__init__(**kwargs)
-        self._hurried, self._woken = False, asyncio.Event()
+        self._hurried_for: set[str] = set()  # what a worker waits for the next poll to see: "report", "end"
+        self._woken = asyncio.Event()
 
     # Ray Train polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default), and only a poll
     # takes a worker's checkpoint report or sees its train function end. Where a worker waits for one
     # (the registration of its last checkpoint, or its run's end), the controller is hurried: it polls at
-    # once and then every HURRIED_POLL_S until a poll brings a report, an error or the group's end.
-    # Polling every 0.5 s instead cost training: each poll wakes the controller and every worker's
-    # process beside the training threads (on 2 cores a small model's steps took 1-3% longer).
+    # once and then every HURRIED_POLL_S until a poll brings what it waits for (a report, or the group's
+    # end), or an error. Polling every 0.5 s instead cost training: each poll wakes the controller and
+    # every worker's process beside the training threads (on 2 cores a small model's steps took 1-3%
+    # longer).
     HURRIED_POLL_S = 0.05
 
-    def hurry(self) -> None:
-        """A worker waits for the next poll (its train function's end: train/loop.py)."""
-        self._hurried = True
+    def hurry(self, until: str = "end") -> None:
+        """A worker waits for the next poll to see its train function's `end` (train/loop.py), or take its
+        `report`."""
+        self._hurried_for.add(until)
         self._woken.set()
 
     async def get_all_reported_checkpoints(self, current_report_index: int, *args, **kwargs):
         """Ray Train's, which waits until this controller has taken the worker's reports so far: hurried
         where one has not been taken yet."""
         if self._checkpoint_manager._current_report_index != current_report_index:
-            self.hurry()
+            self.hurry("report")
         return await super().get_all_reported_checkpoints(current_report_index, *args, **kwargs)
 
     async def _poll_workers(self):
         """Ray Train's poll, an interval after the last one, or sooner where hurried."""
-        interval = self.HURRIED_POLL_S if self._hurried else self._health_check_interval_s
+        interval = self.HURRIED_POLL_S if self._hurried_for else self._health_check_interval_s
         if (wait_s := self._latest_poll_time + interval - time.monotonic()) > 0:
             self._woken.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), wait_s)
-        if self._hurried:
+        if self._hurried_for:
             self._latest_poll_time = -math.inf  # Ray Train's own wait for its interval: none
         status = await super()._poll_workers()
-        if status.finished or any(s.training_report or s.error for s in status.worker_statuses.values()):
-            self._hurried = False
+        workers = status.worker_statuses.values()
+        # The poll that takes a group's last report may come just before its train function's end, which
+        # stays hurried until a poll sees it.
+        if any(s.training_report for s in workers):
+            self._hurried_for.discard("report")
+        if status.finished or any(s.error for s in workers):
+            self._hurried_for.clear()
         return status
 
 
