@@ -62,7 +62,7 @@ class TrialQueue:
         self.adopted: dict[str, list[bytes]] = {}  # {controller actor id: the warm workers its group took}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
-        self._relay = threading.Condition()  # guards the six below
+        self._relay = threading.Condition()  # guards the relay's state below
         self._free: list[str] = []  # drained workers (actor ids) waiting for a job, the earliest first
         self._busy: set[str] = set()  # drained workers running a job
         self._handed: dict[str, bytes] = {}  # {worker: the job it is to run, pickled} until it asks for it
