@@ -158,18 +158,33 @@ def restart_points(metrics_log: Path) -> list[int]:
     return [b for a, b in zip(steps, steps[1:], strict=False) if b <= a]
 
 
-# The files whose tests run whole studies, clusters or kills, longest first (seconds per file, in one
-# process on 2 cores). Collected first, so that a parallel run (`-n 2 --dist loadfile
-# --no-loadscope-reorder`) starts them first and does not end on one of them alone.
+# Every file that takes more than a few seconds, longest first (its tests' seconds in one worker of
+# `-n 2 --dist loadfile --no-loadscope-reorder` on 2 cores, 2026-12-03). Collected first, so that a parallel
+# run starts them first and ends on short files: ending on a long one left a core idle for a minute.
 LONGEST_FIRST = (
-    "test_team_studies.py",  # 170
-    "test_multinode.py",  # 150
-    "test_lock.py",  # 115
-    "test_training.py",  # 105
-    "test_study_e2e.py",  # 95
-    "test_autoscaling.py",  # 80
-    "test_faults.py",  # 75
-    "test_job_submit.py",  # 65
+    "test_team_studies.py",  # 540
+    "test_multinode.py",  # 425
+    "test_training.py",  # 390
+    "test_study_e2e.py",  # 225
+    "test_lock.py",  # 210
+    "test_faults.py",  # 185
+    "test_job_submit.py",  # 110
+    "test_autoscaling.py",  # 105
+    "test_eval_pool.py",  # 105
+    "test_storage.py",  # 85
+    "test_cluster_waits.py",  # 75
+    "test_sequential.py",  # 65
+    "test_study_features.py",  # 60
+    "test_report.py",  # 50
+    "test_selfcheck.py",  # 50
+    "test_runtime.py",  # 45
+    "test_sizing.py",  # 30
+    "test_gpu_check.py",  # 25
+    "test_lm_eval_parity.py",  # 20
+    "test_data_pipeline.py",  # 20
+    "test_tracking.py",  # 15
+    "test_eval.py",  # 15
+    "test_bad_input.py",  # 10
 )
 
 
