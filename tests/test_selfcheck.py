@@ -3,6 +3,7 @@ a stale state and a broken fast path, and stop a study before anything trains.""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from rayb.cli import app
 from rayb.models import available
-from rayb.models.selfcheck import DECODING, FAST_PATH, ModelToCheck, check_models
+from rayb.models.selfcheck import DECODING, FAST_PATH, ModelToCheck, check_models, relative_error
 
 SHAPES = {
     "gpt2": {"d_model": 64, "n_layer": 2, "n_head": 2},
@@ -83,6 +84,22 @@ def test_a_broken_fast_path_fails_its_check(arch, module, kernel, monkeypatch):
     monkeypatch.setattr(mod, kernel, slightly_wrong)
     fast = checks(arch)[FAST_PATH]
     assert fast.failed, fast
+
+
+def test_the_relative_error_is_float64s_to_its_last_digits_and_nan_fails():
+    generator = torch.Generator().manual_seed(0)
+    want = torch.randn(100_000, generator=generator) * 30
+    for scale in (1e-7, 1e-5, 1e-2):
+        got = want + scale * torch.randn(100_000, generator=generator)
+        exact = (got.double() - want.double()).abs().max() / want.double().abs().max()
+        assert relative_error(got, want) == pytest.approx(exact.item(), rel=1e-6)
+    assert relative_error(want.bfloat16(), want) == pytest.approx(
+        ((want.bfloat16().double() - want.double()).abs().max() / want.double().abs().max()).item(), rel=1e-6
+    )
+    assert relative_error(torch.ones(3), torch.zeros(3)) == 1.0  # no scale: the absolute error
+    broken = want.clone()
+    broken[7] = float("nan")
+    assert math.isnan(relative_error(broken, want)) and math.isnan(relative_error(want, broken))
 
 
 def test_a_model_that_cannot_be_built_is_recorded_not_raised():
