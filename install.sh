@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs rayb, and the exact package set its test suite passed on (rayb/constraints.txt), into the
+# Python on PATH (an active virtual environment's, if any). `bash install.sh dev` adds the suite's own
+# packages and the headless Chromium that its report test opens.
+#
+# pip installs torch first: on a CPU machine a local CPU wheel of torch==2.13.0 exists, which only pip
+# looks for (an open range, or uv, pulls gigabytes of CUDA packages); on a GPU machine the torch build
+# already there stays. uv installs the rest from the same constraints: the same packages as pip, compiled
+# to bytecode as pip does, in a quarter of its time (2 cores, 2026-12-04: 29 s against pip's 104 s).
+set -euo pipefail
+cd "$(dirname "$0")"
+case "${1:-}" in
+  "") extras="" ;;
+  dev) extras="[dev]"; bash tests/install_chromium.sh ;;
+  *) echo "usage: bash install.sh [dev]" >&2; exit 2 ;;
+esac
+python -m pip install -c rayb/constraints.txt torch==2.13.0 uv
+python -m uv pip install --python "$(python -c 'import sys; print(sys.executable)')" --compile-bytecode \
+  -c rayb/constraints.txt -e ".$extras"
+# pyenv makes the shims for new commands (rayb, ray) after a pip install only: uv's need a rehash.
+if command -v pyenv >/dev/null; then pyenv rehash; fi
