@@ -10,8 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from rayb.cli import app
+from rayb.eval.decoding import CACHE_NAMES, Decoder
 from rayb.models import available, build_model, count_params
 from rayb.models.accounting import build_on_meta, measured_forward_flops, model_cost
+from rayb.models.checkpoint import load_trained
 from rayb.models.presets import PRESETS
 from rayb.models.registry import get_arch
 
@@ -133,6 +135,29 @@ def test_every_architecture_trains_on_cpu(arch):
         losses.append(loss.item())
     assert logits.shape == (4, 32, 256)
     assert losses[-1] < losses[0] - 0.5, losses  # memorising one batch: the loss must fall
+
+
+def _cache(output) -> object | None:
+    return next((c for name in CACHE_NAMES if (c := getattr(output, name, None)) is not None), None)
+
+
+@pytest.mark.parametrize("arch", ZOO)
+def test_no_forward_builds_a_cache_unless_decoding_asks_for_it(arch, tmp_path):
+    """transformers' attention models default to building a cache on every forward, training included
+    (each layer's keys and values copied into it at every step); rayb's models build one only where
+    decoding asks, and a checkpoint saved with the default on loads with it off."""
+    model = build_model(arch, get_arch(arch).shape(64, 2), 256, 32)
+    ids = torch.randint(0, 256, (2, 16))
+    assert _cache(model(ids)) is None  # a training forward
+    with torch.no_grad():
+        assert _cache(model.eval()(ids)) is None  # scoring
+    if Decoder(model).memory == "cache":  # decoding passes use_cache=True
+        assert _cache(model(ids, use_cache=True)) is not None
+    if hasattr(model, "save_pretrained"):
+        model.config.use_cache = True  # as transformers' own checkpoints have it
+        model.save_pretrained(tmp_path, safe_serialization=True)
+        loaded = load_trained(tmp_path, arch, get_arch(arch).shape(64, 2), 256, 32)
+        assert _cache(loaded(ids)) is None
 
 
 def test_params_cli_json():

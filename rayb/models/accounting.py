@@ -14,6 +14,7 @@ activations and other elementwise work are left out. Training FLOPs are 3× forw
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,13 +75,18 @@ def build_on_meta(arch: str, config: dict[str, Any], vocab_size: int, seq_len: i
 
 
 def measured_forward_flops(model: nn.Module, seq_len: int) -> float:
-    """Matrix-product FLOPs per token of one forward pass over a `seq_len` sequence, counted by torch."""
+    """Matrix-product FLOPs per token of one forward pass over a `seq_len` sequence, counted by torch.
+
+    A transformers model counts with its cache on: without one its mask code reads the position ids'
+    values (to find packed sequences), which a model on the meta device has none of. Filling the cache
+    is copies, not matrix products, so the count is the same."""
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
     ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+    cache = {"use_cache": True} if "use_cache" in inspect.signature(model.forward).parameters else {}
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(ids)
+        model(ids, **cache)
     return counter.get_total_flops() / seq_len
 
 

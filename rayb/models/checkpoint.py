@@ -45,7 +45,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> nn.Module:
 def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_len: int) -> nn.Module:
     """A trained model from its safetensors directory: transformers' `save_pretrained` layout (built
     as `build_model` builds it, CPU paths included) or rayb's own weights file."""
-    from rayb.models.registry import build_model
+    from rayb.models.registry import build_model, without_default_cache
 
     model_dir = Path(model_dir)
     if (model_dir / "config.json").exists():
@@ -53,5 +53,6 @@ def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_
 
         from rayb.models.mamba_cpu import use_cpu_mixers
 
-        return use_cpu_mixers(AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
+        return without_default_cache(use_cpu_mixers(model))
     return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)

@@ -230,14 +230,10 @@ _CPU_MIXERS = {MambaMixer: FusedScanMambaMixer, Mamba2Mixer: ChunkedSSDMamba2Mix
 
 
 def use_cpu_mixers(model: torch.nn.Module) -> torch.nn.Module:
-    """Give every Mamba/Mamba-2 mixer in `model` its CPU forward; parameters are untouched.
-
-    Such a model also stops building a cache by default: in eval mode transformers would otherwise
-    create one on every forward and take its slow cached path for plain scoring. Generation asks for
-    the cache explicitly (`use_cache=True`) and gets transformers' recurrent step as before."""
-    mixers = [m for m in model.modules() if type(m) in _CPU_MIXERS]
-    for module in mixers:
-        module.__class__ = _CPU_MIXERS[type(module)]
-    if mixers:
-        model.config.use_cache = False
+    """Give every Mamba/Mamba-2 mixer in `model` its CPU forward; parameters are untouched. Plain scoring
+    takes it once the model builds no cache unless asked (registry.without_default_cache); generation
+    asks for the cache and gets transformers' recurrent step as before."""
+    for module in model.modules():
+        if type(module) in _CPU_MIXERS:
+            module.__class__ = _CPU_MIXERS[type(module)]
     return model

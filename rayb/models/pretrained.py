@@ -55,7 +55,8 @@ def hub_checkpoint(source: str, location: str) -> Checkpoint:
 
 
 def load_model(checkpoint: Checkpoint) -> nn.Module:
-    """The checkpoint's causal LM (CPU kernels for Mamba on CPU, as for every rayb model)."""
+    """The checkpoint's causal LM (CPU kernels for Mamba on CPU, and no cache unless asked, as for every
+    rayb model)."""
     if checkpoint.arch is not None:
         from rayb.models.checkpoint import load_trained
 
@@ -66,14 +67,16 @@ def load_model(checkpoint: Checkpoint) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     from rayb.models.mamba_cpu import use_cpu_mixers
+    from rayb.models.registry import without_default_cache
 
     try:
-        return use_cpu_mixers(AutoModelForCausalLM.from_pretrained(checkpoint.model))
+        model = AutoModelForCausalLM.from_pretrained(checkpoint.model)
     except OSError as exc:  # not on disk, and the hub unreachable or switched off
         raise OSError(
             f"cannot load '{checkpoint.source}': {exc}. Run `rayb data prepare STUDY` where the hub is "
             "reachable (it caches the checkpoint), or give a local save_pretrained directory"
         ) from None
+    return without_default_cache(use_cpu_mixers(model))
 
 
 def fresh_model(checkpoint: Checkpoint) -> nn.Module:
@@ -87,8 +90,10 @@ def fresh_model(checkpoint: Checkpoint) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rayb.models.mamba_cpu import use_cpu_mixers
+    from rayb.models.registry import without_default_cache
 
-    return use_cpu_mixers(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint.model)))
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint.model))
+    return without_default_cache(use_cpu_mixers(model))
 
 
 def initialise_from(model: nn.Module, checkpoint: Checkpoint) -> nn.Module:

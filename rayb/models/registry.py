@@ -143,11 +143,24 @@ def build_model(arch: str, config: dict[str, Any], vocab_size: int, seq_len: int
     spec = get_arch(arch)
     cfg = configure(arch, config, vocab_size, seq_len)
     try:
-        return spec.model(cfg)
+        model = spec.model(cfg)
     except Exception as exc:  # e.g. a user builder that rejects a keyword or a shape
         raise ModelBuildError(
             f"model '{arch}' failed to build from {config}: {type(exc).__name__}: {exc}{_origin(exc)}"
         ) from exc
+    return without_default_cache(model)
+
+
+def without_default_cache(model: nn.Module) -> nn.Module:
+    """`model` with its config's `use_cache` off, where it has one. transformers models build a cache on
+    every forward while it is on (their default), training included: GPT-2, Pythia and Llama copy each
+    layer's keys and values into it at every step and hold the copy until the backward pass, and Mamba
+    in eval mode takes its slow cached path for plain scoring. rayb's forwards need none; its decoding
+    asks for the cache (`use_cache=True`), as lm-eval's generation does, and gets it as before."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", None):
+        config.use_cache = False
+    return model
 
 
 def _origin(exc: BaseException) -> str:
