@@ -45,14 +45,20 @@ def load_weights(model: nn.Module, model_dir: Path) -> nn.Module:
 def load_trained(model_dir: Path, arch: str, config: dict, vocab_size: int, seq_len: int) -> nn.Module:
     """A trained model from its safetensors directory: transformers' `save_pretrained` layout (built
     as `build_model` builds it, CPU paths included) or rayb's own weights file."""
-    from rayb.models.registry import build_model, without_default_cache
+    from rayb.models.registry import build_model
 
     model_dir = Path(model_dir)
     if (model_dir / "config.json").exists():
         from transformers import AutoModelForCausalLM
 
-        from rayb.models.mamba_cpu import use_cpu_mixers
-
-        model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
-        return without_default_cache(use_cpu_mixers(model))
+        return as_rayb_runs(AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True))
     return load_weights(build_model(arch, config, vocab_size, seq_len), model_dir)
+
+
+def as_rayb_runs(model: nn.Module) -> nn.Module:
+    """A transformers model loaded from files or the hub, as `build_model` builds rayb's: Mamba's CPU
+    mixers, and no cache unless decoding asks for one."""
+    from rayb.models.mamba_cpu import use_cpu_mixers
+    from rayb.models.registry import without_default_cache
+
+    return without_default_cache(use_cpu_mixers(model))

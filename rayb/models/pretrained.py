@@ -66,17 +66,15 @@ def load_model(checkpoint: Checkpoint) -> nn.Module:
         )  # fmt: skip
     from transformers import AutoModelForCausalLM
 
-    from rayb.models.mamba_cpu import use_cpu_mixers
-    from rayb.models.registry import without_default_cache
+    from rayb.models.checkpoint import as_rayb_runs
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint.model)
+        return as_rayb_runs(AutoModelForCausalLM.from_pretrained(checkpoint.model))
     except OSError as exc:  # not on disk, and the hub unreachable or switched off
         raise OSError(
             f"cannot load '{checkpoint.source}': {exc}. Run `rayb data prepare STUDY` where the hub is "
             "reachable (it caches the checkpoint), or give a local save_pretrained directory"
         ) from None
-    return without_default_cache(use_cpu_mixers(model))
 
 
 def fresh_model(checkpoint: Checkpoint) -> nn.Module:
@@ -89,11 +87,9 @@ def fresh_model(checkpoint: Checkpoint) -> nn.Module:
         )
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rayb.models.mamba_cpu import use_cpu_mixers
-    from rayb.models.registry import without_default_cache
+    from rayb.models.checkpoint import as_rayb_runs
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint.model))
-    return without_default_cache(use_cpu_mixers(model))
+    return as_rayb_runs(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint.model)))
 
 
 def initialise_from(model: nn.Module, checkpoint: Checkpoint) -> nn.Module:
