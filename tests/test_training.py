@@ -32,7 +32,7 @@ from rayb import storage
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
-from rayb.train.loop import METRICS
+from rayb.train.loop import METRICS, wanted_by
 from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 from rayb.tune.packs import worker_pool
@@ -272,6 +272,23 @@ def test_one_and_two_workers_train_the_same_model(runs):
     one = [r["loss"] for r in read_metrics(runs[("gpt2", 1)][1] / METRICS) if r["kind"] == "train"]
     two = [r["loss"] for r in read_metrics(runs[("gpt2", 2)][1] / METRICS) if r["kind"] == "train"]
     np.testing.assert_allclose(one, two, rtol=2e-3)
+
+
+def test_a_checkpoint_holds_only_what_a_resume_reads(runs):
+    """A two-rank checkpoint as the training loop reports it: the files DeepSpeed's load_checkpoint and
+    rayb's random state read, each shared or one rank's (loop.wanted_by), and not DeepSpeed's conversion
+    scripts, which it copies into every checkpoint."""
+    _, trial_dir = runs[("gpt2", 2)]
+    checkpoints = [p for p in trial_dir.parent.parent.glob("ray/train/*/checkpoint_*") if p.is_dir()]
+    assert checkpoints
+    for checkpoint in checkpoints:
+        tag = (checkpoint / "latest").read_text().strip()
+        files = sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
+        own = [
+            [f"{tag}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", f"rng_rank{rank}.pt"] for rank in (0, 1)
+        ]
+        assert files == sorted(["latest", f"{tag}/mp_rank_00_model_states.pt", *own[0], *own[1]])
+        assert [f for f in files if not wanted_by(0, f)] == own[1]
 
 
 def test_killed_worker_resumes_its_pack_to_the_identical_result(runs, tiny_cache, tmp_path):

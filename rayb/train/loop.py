@@ -294,6 +294,10 @@ def checkpoint_location(trial: TrialSpec, record: dict[str, str]) -> str:
     return storage.join(trial.storage_path, record["run"], record["checkpoint"])
 
 
+# What DeepSpeed's save_checkpoint copies into every ZeRO checkpoint beside the states: its conversion
+# scripts (40 KB, two objects more per checkpoint on object storage), which ship with DeepSpeed itself.
+DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+
 # A file of one rank's in a checkpoint: DeepSpeed's ZeRO shards (optimizer states; model states under ZeRO-3)
 # and rayb's random state. Any other file (`latest`, the model states) every rank reads.
 _RANK_FILE = re.compile(r"(?:^|/)(?:bf16_)?(?:zero_pp_rank_|rng_rank)(\d+)[_.]")
@@ -487,6 +491,8 @@ def _checkpoint(run: _Run, step: int, metrics: dict[str, float]) -> None:
     tag = checkpoint_tag(run.trial.key, step)
     local = Path(tempfile.mkdtemp(prefix="rayb-checkpoint-"))  # Ray Train deletes it once uploaded
     run.engine.save_checkpoint(str(local), tag=tag, client_state={"step": step})
+    for script in DEEPSPEED_RECOVERY_SCRIPTS:  # rank 0's copies of DeepSpeed's tools: no resume reads them
+        (local / script).unlink(missing_ok=True)
     save_rng(local, run.rank)
     ray.train.report(
         metrics | {"tag": tag},
