@@ -82,12 +82,18 @@ def local(location: str | Path) -> Path:
 @functools.lru_cache(maxsize=16)
 def _filesystem(scheme: str, netloc: str):
     """A pyarrow filesystem for a URI's scheme and bucket: pyarrow's own (S3, GCS, HDFS), else fsspec's
-    wrapped for pyarrow (Azure, HTTP, ...)."""
+    wrapped for pyarrow (Azure, HTTP, ...).
+
+    S3's opens a file for writing only as it writes its first part (allow_delayed_open): a file smaller
+    than a part (a record, a log, most of a small model's checkpoint) goes up in one PutObject, where an
+    eager open takes three requests (start a multipart upload, its one part, complete it). A missing
+    bucket then fails at the file's close, which every write here waits for."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
+    options = "?allow_delayed_open=true" if scheme == "s3" else ""
     try:
-        return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")[0]
+        return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/{options}")[0]
     except (pa.ArrowInvalid, ValueError):
         import fsspec
 
@@ -95,7 +101,8 @@ def _filesystem(scheme: str, netloc: str):
 
 
 def filesystem(location: str) -> tuple:
-    """(pyarrow filesystem, path within it) of a URI; for Ray's `storage_filesystem`, pyarrow and Ray Data."""
+    """(pyarrow filesystem, path within it) of a URI; for Ray Train's `storage_filesystem`, pyarrow and Ray
+    Data."""
     url = urlparse(location)
     return _filesystem(url.scheme, url.netloc), f"{url.netloc}{url.path}".rstrip("/")
 

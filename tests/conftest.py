@@ -225,7 +225,7 @@ S3_ENV = {
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(tmp_path_factory):
     """An S3 server on the loopback (moto's), as a process environment that reaches it: the endpoint and
     throwaway keys, which pyarrow, and so rayb and Ray, read from the environment like real credentials.
 
@@ -242,6 +242,8 @@ def s3_server():
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,  # a line per request otherwise
+        # Where its request recorder (tests/test_storage.py) keeps what it records: not the working directory.
+        env=os.environ | {"MOTO_RECORDER_FILEPATH": str(tmp_path_factory.mktemp("s3") / "recording")},
     )  # fmt: skip
     deadline = time.time() + 60
     while True:

@@ -3,6 +3,7 @@ paths: what a study writes lands on the store, what a node reads comes through i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -75,6 +76,55 @@ def test_a_kept_tree_pushed_again_uploads_only_what_changed(s3_bucket):
     assert not storage.exists(storage.join(location, "events"))  # unchanged: not uploaded again
 
 
+@contextlib.contextmanager
+def recorded_requests(s3_server):
+    """The requests the loopback S3 server takes meanwhile, as (method, path?query) (moto's recorder)."""
+    import json
+    import urllib.request
+    from urllib.parse import urlparse
+
+    api = f"{s3_server['AWS_ENDPOINT_URL']}/moto-api/recorder"
+
+    def post(action: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{api}/{action}", method="POST")).close()
+
+    post("reset-recording")
+    post("start-recording")
+    requests: list[tuple[str, str]] = []
+    try:
+        yield requests
+    finally:
+        post("stop-recording")
+    with urllib.request.urlopen(f"{api}/download-recording") as recording:
+        for line in recording.read().decode().splitlines():
+            url = urlparse(json.loads(line)["url"])
+            requests.append((json.loads(line)["method"], url.path + (f"?{url.query}" if url.query else "")))
+
+
+def test_a_small_file_goes_to_the_store_in_one_request(s3_bucket, s3_server, tmp_path):
+    """rayb's writes and Ray Train's checkpoint uploads (through the filesystem rayb hands its runs) put a
+    file smaller than a multipart part in one request, not three (start an upload, its part, complete)."""
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    from rayb.train.trainer import run_storage
+
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "rng_rank0.pt").write_bytes(b"r" * 20_000)
+    run = StorageContext(**run_storage(f"s3://{s3_bucket}/ray/train"), experiment_dir_name="run")
+    with recorded_requests(s3_server) as requests:
+        storage.write_bytes(f"s3://{s3_bucket}/trial/checkpoint.json", b"{}")
+        run.persist_current_checkpoint(Checkpoint.from_directory(tmp_path / "checkpoint"), "checkpoint_0")
+    # What writes (less its directory markers): no multipart upload's three requests.
+    writes = [(method, path) for method, path in requests if method in ("PUT", "POST") and path[-1] != "/"]
+    assert writes == [
+        ("PUT", f"/{s3_bucket}/trial/checkpoint.json"),
+        ("PUT", f"/{s3_bucket}/ray/train/run/checkpoint_0/rng_rank0.pt"),
+    ], requests
+    assert storage.read_bytes(f"s3://{s3_bucket}/ray/train/run/checkpoint_0/rng_rank0.pt") == b"r" * 20_000
+    assert run_storage(str(tmp_path)) == {"storage_path": str(tmp_path)}  # a local path as it is
+
+
 def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
     """A growing file on the store (a metrics log, Ray Train's checkpoint snapshot) is rewritten as a
     whole while others read it. A reader that takes the object's size, then that many bytes, got a newer
@@ -89,7 +139,10 @@ def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
         while not stop.is_set():
             n += 1
             storage.write_bytes(location, json.dumps({"n": n, "pad": "x" * n}).encode())
-            stop.wait(0.005)  # a writer far busier than any of rayb's, yet one that pauses
+            # A writer far busier than any of rayb's (seconds apart), yet one that pauses: a version goes up
+            # in one request, and without a pause as long as a read no read could find the object unchanged.
+            # At this rate, a reader without the check above read 17 of 150 versions cut short.
+            stop.wait(0.02)
 
     writer = threading.Thread(target=rewrite)
     writer.start()

@@ -371,11 +371,21 @@ def pack_trainer(
         ),  # fmt: skip
         run_config=RunConfig(
             name=pack.run_name,
-            storage_path=pack.storage_path,
+            **run_storage(pack.storage_path),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
         ),
     )
+
+
+def run_storage(location: str) -> dict[str, Any]:
+    """RunConfig's storage for runs under `location`: on object storage, the filesystem rayb writes the
+    rest of the study through (storage.filesystem), so that Ray Train uploads each checkpoint's files as
+    rayb writes its own (one request for a small file on S3, not three); a local path as it is."""
+    if not storage.is_remote(location):
+        return {"storage_path": location}
+    filesystem, path = storage.filesystem(location)
+    return {"storage_path": path, "storage_filesystem": filesystem}
 
 
 def start_train_services() -> None:
