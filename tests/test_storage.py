@@ -79,7 +79,6 @@ def test_a_kept_tree_pushed_again_uploads_only_what_changed(s3_bucket):
 @contextlib.contextmanager
 def recorded_requests(s3_server):
     """The requests the loopback S3 server takes meanwhile, as (method, path?query) (moto's recorder)."""
-    import json
     import urllib.request
     from urllib.parse import urlparse
 
@@ -96,12 +95,14 @@ def recorded_requests(s3_server):
     finally:
         post("stop-recording")
     with urllib.request.urlopen(f"{api}/download-recording") as recording:
-        for line in recording.read().decode().splitlines():
-            url = urlparse(json.loads(line)["url"])
-            requests.append((json.loads(line)["method"], url.path + (f"?{url.query}" if url.query else "")))
+        for request in map(json.loads, recording.read().decode().splitlines()):
+            url = urlparse(request["url"])
+            requests.append((request["method"], url.path + (f"?{url.query}" if url.query else "")))
 
 
-def test_a_small_file_goes_to_the_store_in_one_request(s3_bucket, s3_server, tmp_path):
+def test_a_small_file_goes_to_the_store_in_one_request_and_a_large_one_in_parts(
+    s3_bucket, s3_server, tmp_path
+):
     """rayb's writes and Ray Train's checkpoint uploads (through the filesystem rayb hands its runs) put a
     file smaller than a multipart part in one request, not three (start an upload, its part, complete)."""
     from ray.train import Checkpoint
@@ -123,6 +124,12 @@ def test_a_small_file_goes_to_the_store_in_one_request(s3_bucket, s3_server, tmp
     ], requests
     assert storage.read_bytes(f"s3://{s3_bucket}/ray/train/run/checkpoint_0/rng_rank0.pt") == b"r" * 20_000
     assert run_storage(str(tmp_path)) == {"storage_path": str(tmp_path)}  # a local path as it is
+    # A file of several parts (a token shard, a large model's states) still goes up as a multipart upload.
+    shard = np.random.default_rng(0).bytes(12 << 20)
+    with recorded_requests(s3_server) as requests:
+        storage.write_bytes(f"s3://{s3_bucket}/cache/train.bin", shard)
+    assert ("POST", f"/{s3_bucket}/cache/train.bin?uploads") in requests
+    assert storage.read_bytes(f"s3://{s3_bucket}/cache/train.bin") == shard
 
 
 def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
