@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ray_processes, tiny_study_dict
+from conftest import ray_processes, tiny_study_dict, train_worker_processes
 
 from rayb.runner import plan_trials
 from rayb.study import parse_study
@@ -103,7 +103,7 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
         return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
 
     def left() -> list:
-        return ray_processes("EnvController") + ray_processes("RayTrainWorker")
+        return ray_processes("EnvController") + train_worker_processes()
 
     pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
     first, earlier = pack.trials[0].trial_dir, held()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from conftest import registered_checkpoint_trial, session_actors, tiny_study_dict
+from conftest import kept_worker_ids, registered_checkpoint_trial, session_actors, tiny_study_dict
 from typer.testing import CliRunner
 
 from rayb.cli import app
@@ -98,7 +98,8 @@ def test_a_drained_worker_lost_mid_evaluation_costs_its_job_one_attempt(ray_sess
         scored = list(out.glob("trials/*/eval/lm-*.json"))  # then overfit is the job handed over next
         if queues and scored and ray.get(ray.get_actor(queues[0]["Name"]).relay_state.remote())["busy"]:
             time.sleep(1.0)  # the worker is running it by now, and it runs for seconds
-            (worker,) = [a for a in session_actors("RayTrainWorker") if a["State"] == "ALIVE"]
+            (worker,) = [a for a in session_actors("RayTrainWorker")
+                         if a["State"] == "ALIVE" and a["ActorID"] not in kept_worker_ids()]  # fmt: skip
             os.kill(worker["Pid"], signal.SIGKILL)
             killed.append(worker["Pid"])
         time.sleep(0.05)

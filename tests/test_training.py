@@ -33,7 +33,7 @@ from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
 from rayb.train.loop import METRICS, wanted_by
-from rayb.train.trainer import pack_trainer
+from rayb.train.trainer import pack_trainer, release_kept_workers
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 from rayb.tune.packs import worker_pool
 from rayb.tune.sweep import run_pool
@@ -405,26 +405,56 @@ def _started_ahead(before: set[bytes]) -> tuple[list, list]:
     return ours, [a for a in new if a not in ours]
 
 
-def test_a_pools_group_trains_on_the_worker_started_ahead_and_none_outlives_the_pool(
-    tiny_cache, tmp_path, monkeypatch
+def test_a_pools_warm_worker_trains_the_next_pools_group_and_no_other_outlives_its_pool(
+    runs, tiny_cache, tmp_path, monkeypatch
 ):
     """On rayb's private instance the pool starts its first groups' Train workers before their controllers,
-    which then adopt them (trainer.InheritingWorkerGroup): the group starts no worker of its own. A group
-    that cannot adopt them (its workers need a runtime env: here a Ray Train setting changed after Ray
-    started) starts its own; the warm worker no group took is killed as the pool ends."""
+    which then adopt them (trainer.InheritingWorkerGroup): the group starts no worker of its own. A worker
+    whose group ends cleanly is kept by the driver, and the next pool's group adopts it: the same process
+    trains there, from a model of another architecture to its trial's uninterrupted numbers. A group that
+    cannot adopt it (its workers need a runtime env: here a Ray Train setting changed after Ray started)
+    starts its own, which does not outlive it, and the kept worker waits on; a worker that trained a user's
+    model (named by import path, whose module may patch what the process has imported) is not kept."""
     from ray.core.generated import gcs_pb2
 
+    from rayb.train.trainer import kept_worker_ids
+
     dead = gcs_pb2.ActorTableData.DEAD
-    for seed, setting in ((0, None), (1, "0.4")):
-        if setting is not None:
-            monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", setting)
-        trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[seed])), tiny_cache, tmp_path)
-                     if t.arch == "gpt2")  # fmt: skip
+    release_kept_workers()
+    _, reference_dir = runs[("gpt2", 1)]
+
+    def trial(seed: int, like: str, **model):
+        """The tiny study's trial of model `like` for `seed`, with `model`'s fields changed."""
+        raw = tiny_study_dict(seeds=[seed])
+        raw["models"] = [m | model for m in raw["models"] if m["arch"] == like]
+        return plan_trials(parse_study(raw), tiny_cache, tmp_path)[0]
+
+    def pool(trained: TrialSpec) -> tuple[list, list]:
+        """Train it in a pool of its own: the Train workers started meanwhile, the driver's and the rest."""
         before = {a.actor_id for a in job_actors("RayTrainWorker")}
-        assert run_pool(worker_pool([trial], slots=1, cores=1), 1) == {} and trial.done
-        warm, own = _started_ahead(before)
-        assert len(warm) == 1 and all(a.state == dead for a in warm + own)
-        assert len(own) == (0 if setting is None else 1)
+        assert run_pool(worker_pool([trained], slots=1, cores=1), 1) == {} and trained.done
+        return _started_ahead(before)
+
+    (warm,), own = pool(trial(0, "mamba"))
+    assert not own and kept_worker_ids() == {warm.actor_id.hex()}
+    gpt2 = trial(0, "gpt2")
+    assert pool(gpt2) == ([], [])  # trained on the kept worker: no worker started
+    assert kept_worker_ids() == {warm.actor_id.hex()}
+    assert json.loads((Path(gpt2.trial_dir) / TRAIN_DONE).read_text())["timings"]["worker_process_s"] == 0
+    trained = [r["loss"] for r in read_metrics(Path(gpt2.trial_dir) / METRICS) if r["kind"] == "train"]
+    assert trained == [r["loss"] for r in read_metrics(reference_dir / METRICS) if r["kind"] == "train"]
+
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.4")
+    warm_now, own = pool(trial(1, "gpt2"))
+    assert not warm_now and len(own) == 1 and own[0].state == dead
+    assert kept_worker_ids() == {warm.actor_id.hex()}
+    monkeypatch.undo()
+
+    user = trial(1, "gpt2", arch="faulty_models:nan_after", name="user",
+                 config={"d_model": 32, "n_layer": 2, "n_head": 2, "nan_at": 10**6})  # fmt: skip
+    assert pool(user) == ([], [])  # trained on the kept worker, which is then not kept
+    assert not kept_worker_ids()
+    assert [a.state for a in job_actors("RayTrainWorker") if a.actor_id == warm.actor_id] == [dead]
 
 
 def test_a_trials_checkpoints_and_its_groups_end_wait_for_no_poll_of_ray_trains(
@@ -457,6 +487,7 @@ def test_a_pool_resumes_the_trial_of_a_lost_controller_once_the_worker_it_adopte
     trial = next(t for t in plan_trials(parse_study(tiny_study_dict(seeds=[0])), tiny_cache, tmp_path)
                  if t.arch == "gpt2")  # fmt: skip
     (pack,) = worker_pool([trial], slots=1, cores=1)  # one thread, as the reference trained
+    release_kept_workers()  # the pool's warm worker is then the one started since `before`
     before = {a.actor_id for a in job_actors("RayTrainWorker")}
     ended = {p.pid for p in ray_processes("EnvController")}  # earlier runs' controllers, on their way out
     thread = threading.Thread(target=run_pool, args=([pack], 1))

@@ -217,22 +217,27 @@ class DrainedWorkers:
         self._handle.release.remote()
 
 
-def serve_drained(queue: str) -> None:
+def serve_drained(queue: str) -> bool:
     """On a Train worker whose group has no trial left (train/loop.py): run the jobs the pool's queue relays
-    to it until let go; a pool that has ended lets it go too."""
+    to it until let go; a pool that has ended lets it go too. Whether it ran only rayb's own models (none
+    named by import path, whose module may patch what this process has imported)."""
     import ray
 
+    from rayb.registry import is_import_path
     from rayb.tune.group import WAIT
 
     handle, worker = ray.get_actor(queue), ray.get_runtime_context().get_actor_id()
+    own_models_only = True
     try:
         while (given := ray.get(handle.job_for.remote(worker))) is not None:
             if given == WAIT:  # asked again at once: the queue's answer waits for a job
                 continue
             job, threads = ray.cloudpickle.loads(given)
+            own_models_only &= not is_import_path(job.trial.arch)
             ray.get(handle.done.remote(worker, _summary(run_job(job, threads))))
     except ray.exceptions.RayActorError:
-        return
+        return False
+    return own_models_only
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

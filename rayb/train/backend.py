@@ -100,14 +100,24 @@ joined_in_s: float | None = None
 
 
 def _join_process_group(backend: str, rank: int, size: int, timeout_s: int) -> None:
+    """Join the group's process group; a worker kept from an earlier group of one (tune/group.TrialQueue.
+    keep) already has the group of one it needs, which DeepSpeed has cached: it keeps it."""
     import time
 
+    import torch.distributed as dist
     from ray.train.torch.config import _setup_torch_process_group
 
     global joined_in_s
     began = time.perf_counter()
-    _setup_torch_process_group(backend, world_rank=rank, world_size=size, init_method="env://",
-                               timeout_s=timeout_s)  # fmt: skip
+    if dist.is_initialized():
+        if (dist.get_world_size(), dist.get_backend()) != (size, backend):
+            raise RuntimeError(
+                f"a reused Train worker has a {dist.get_backend()} process group of {dist.get_world_size()}, "
+                f"not the {backend} group of {size} its worker group needs"
+            )
+    else:
+        _setup_torch_process_group(backend, world_rank=rank, world_size=size, init_method="env://",
+                                   timeout_s=timeout_s)  # fmt: skip
     joined_in_s = time.perf_counter() - began
 
 

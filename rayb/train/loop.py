@@ -76,13 +76,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     for trial in trials_to_train(pack, comm, config.get("queue")):
         train_trial(trial, comm, costs)
         costs = {}
+    reusable = config.get("reusable", False)
     if config.get("queue"):  # the queue lets it go at once unless an eval pool relays jobs (a CPU study's)
         from rayb.eval.actors import serve_drained
 
-        serve_drained(config["queue"])
+        reusable &= serve_drained(config["queue"])
+    import ray
     from ray.train.v2._internal.execution.context import get_train_context
 
-    get_train_context().controller_actor.hurry.remote()  # its poll sees the end now (trainer.EnvController)
+    controller = get_train_context().controller_actor
+    if reusable:  # kept for the pool's next group, or the driver's next pool, if it was started ahead
+        queue = ray.get_actor(config["queue"])
+        ray.get(queue.keep.remote(controller._actor_id.hex(), ray.get_runtime_context().get_actor_id()))
+    controller.hurry.remote()  # its poll sees the end now (trainer.EnvController)
 
 
 def trials_to_train(pack: TrialPack, comm: HostCollectives, queue: str | None) -> Iterator[TrialSpec]:

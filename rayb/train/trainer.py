@@ -27,6 +27,7 @@ from ray.train.v2._internal.execution.worker_group.worker import Worker
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from rayb import runtime, storage
+from rayb.registry import is_import_path
 from rayb.train.backend import TorchGroup
 from rayb.train.trial import LATEST_CHECKPOINT, TrialPack, checkpoint_record, tag_trial
 from rayb.tune.packs import worker_resources
@@ -68,16 +69,16 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
         ray.get(ray.get_actor(self.queue).watch.remote(self.controller, group))
 
     def after_controller_finish(self, result) -> None:
-        self._let_go()
+        self._let_go(finished=result.error is None)
 
     def before_controller_abort(self) -> None:
-        self._let_go()
+        self._let_go(finished=False)
 
-    def _let_go(self) -> None:
+    def _let_go(self, finished: bool) -> None:
         import ray
 
         if self.controller is not None:
-            ray.get(ray.get_actor(self.queue).ended.remote(self.controller))
+            ray.get(ray.get_actor(self.queue).ended.remote(self.controller, finished))
             self.controller = None
 
 
@@ -177,6 +178,26 @@ class InheritingWorkerGroup(WorkerGroup):
         taken = ray.get(ray.get_actor(self.warm_from).adopt.remote(count, controller))
         return [ray.cloudpickle.loads(handle) for handle in taken]
 
+    def spare_kept(self) -> None:
+        """Before a clean shutdown: leave out of it the workers the pool's queue keeps (TrialQueue.kept), so
+        that Ray Train neither kills them nor has them leave their process group: a kept worker has a group
+        of one, which its next group reuses (backend._join_process_group). Their Ray Train shutdown hooks
+        still run."""
+        import dataclasses
+
+        import ray
+
+        state = self._worker_group_state
+        if self.warm_from is None or state is None:
+            return
+        controller = ray.get_runtime_context().get_actor_id()
+        kept = set(ray.get(ray.get_actor(self.warm_from).kept.remote(controller)))
+        spared = [w for w in state.workers if w.actor._actor_id.hex() in kept]
+        if spared:
+            ray.wait([w.actor.shutdown.remote() for w in spared], num_returns=len(spared), timeout=5)
+            rest = [w for w in state.workers if w not in spared]
+            self._worker_group_state = dataclasses.replace(state, workers=rest)
+
 
 class RayTrainWorker(TrainWorker):
     """Ray Train's worker (named as Ray Train's, which Ray titles its process and lists its actor by) as the
@@ -192,16 +213,65 @@ class RayTrainWorker(TrainWorker):
 
         import_worker_libraries(use_gpu=False)
 
+    def init_train_context(self, *args, **kwargs):
+        """Ray Train's, with the run's own checkpoint uploads and their ordering. Ray's TrainContext defaults
+        them to one thread pool and one condition per process, and shuts that pool down as a run's train
+        function ends: a worker kept for another group (tune/group.TrialQueue.keep) could not report again."""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ray.train.v2._internal.execution.context import MAX_CHECKPOINT_UPLOAD_THREADS, get_train_context
+
+        super().init_train_context(*args, **kwargs)
+        context = get_train_context()
+        context.checkpoint_upload_threadpool = ThreadPoolExecutor(max_workers=MAX_CHECKPOINT_UPLOAD_THREADS)
+        context.report_order_condition = threading.Condition()
+
+
+# The idle warm workers this driver keeps between its pools (a study's rounds of seeds, the studies of a
+# notebook or a sweep script): each has imported torch and DeepSpeed, and kept a process group of one.
+_kept_workers: list = []
+
 
 def start_warm_workers(count: int) -> list:
-    """Start `count` CPU Train workers for the pool's worker groups to adopt as they start
-    (InheritingWorkerGroup): on rayb's private instance, a single node, where a group's workers have no
-    runtime env. Each holds no resources (the adopting group's placement group holds them), so none
-    waits for CPUs; the pool kills those left over when it ends."""
+    """`count` CPU Train workers for the pool's worker groups to adopt as they start (InheritingWorkerGroup):
+    those this driver kept from its last pool that are still alive (keep_warm_workers), and as many new ones
+    as that leaves. On rayb's private instance, a single node, where a group's workers have no runtime env.
+    Each holds no resources (the adopting group's placement group holds them), so none waits for CPUs."""
+    import ray
+    from ray._private.state import actors
+
+    # Alive, or still starting (a pool that ended early leaves workers that are still importing). A worker
+    # the GCS has dead, or does not know (a handle from an earlier Ray session), is dropped.
+    live = [w for w in _kept_workers if actors(w._actor_id.hex()).get("State") not in (None, "DEAD")]
+    workers, _kept_workers[:] = live[:count], live[count:]
+    actor = ray.remote(num_cpus=0)(RayTrainWorker)
+    return workers + [actor.remote() for _ in range(count - len(workers))]
+
+
+def release_kept_workers() -> None:
+    """Kill the idle warm workers this driver keeps between pools (the memory of their processes)."""
     import ray
 
-    actor = ray.remote(num_cpus=0)(RayTrainWorker)
-    return [actor.remote() for _ in range(count)]
+    for worker in _kept_workers:
+        ray.kill(worker)
+    _kept_workers.clear()
+
+
+def keep_warm_workers(workers: list) -> None:
+    """Keep the idle warm workers a pool leaves for this driver's next pool, up to one per core in all (an
+    idle worker holds a process's memory, no CPU); kill the rest."""
+    import ray
+
+    room = max(0, (os.cpu_count() or 1) - len(_kept_workers))
+    _kept_workers.extend(workers[:room])
+    for worker in workers[room:]:
+        ray.kill(worker)
+
+
+def kept_worker_ids() -> set[str]:
+    """The actor ids of the idle warm workers this driver keeps between pools."""
+    return {w._actor_id.hex() for w in _kept_workers}
 
 
 class EnvController(TrainController):
@@ -232,6 +302,17 @@ class EnvController(TrainController):
         super().__init__(**kwargs)
         self._hurried_for: set[str] = set()  # what a worker waits for the next poll to see: "report", "end"
         self._woken = asyncio.Event()
+
+    def _shutdown_worker_group(self):
+        """Ray Train's, where the run has finished cleanly sparing the workers the pool keeps
+        (InheritingWorkerGroup.spare_kept)."""
+        from ray.train.v2._internal.execution.controller.state import FinishedState, ShuttingDownState
+
+        state = self.get_state()
+        finished = isinstance(state, ShuttingDownState) and isinstance(state.next_state, FinishedState)
+        if finished and isinstance(self._worker_group, InheritingWorkerGroup):
+            self._worker_group.spare_kept()
+        super()._shutdown_worker_group()
 
     # Ray Train polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default), and only a poll
     # takes a worker's checkpoint report or sees its train function end. Where a worker waits for one
@@ -358,6 +439,7 @@ def pack_trainer(
         train_loop_config={
             "pack": pack.to_dict(),
             "queue": queue,
+            "reusable": loop is None and queue is not None and reusable_workers(pack),
             "launched_at": time.time(),
             "launched_on": ray.get_runtime_context().get_node_id(),
         },
@@ -376,6 +458,14 @@ def pack_trainer(
             failure_config=FailureConfig(max_failures=MAX_WORKER_FAILURES),
         ),
     )
+
+
+def reusable_workers(pack: TrialPack) -> bool:
+    """Whether a worker of the pack's group may be kept for another group once it ends (TrialQueue.keep):
+    a CPU group of one (its process group of one stays valid), training rayb's own architectures only (a
+    user's model may patch what its process has imported)."""
+    t = pack.train
+    return t.num_workers == 1 and not t.use_gpu and not any(is_import_path(x.arch) for x in pack.trials)
 
 
 def run_storage(location: str) -> dict[str, Any]:

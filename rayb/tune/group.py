@@ -37,6 +37,9 @@ class TrialQueue:
     (trainer.start_warm_workers), and kills those a group adopted once that group's controller is gone:
     they are the driver's actors, not the controller's, and so do not die with it as its own workers would.
     A trial is handed on to a restarted group only once no such worker of an earlier run is left to train it.
+    An adopted worker whose group finished cleanly and that ran only rayb's own code asks to be `kept`: its
+    group's shutdown spares it (trainer.EnvController), and it goes back to the warm workers, for the
+    pool's next group, or for the driver's next pool (`leftover`).
 
     In a CPU study it also relays evaluation jobs to the workers of groups with no trial left to take, once
     no trial waits for a group at all (eval/actors.DrainedWorkers): such a worker holds CPUs that no queued
@@ -54,12 +57,13 @@ class TrialQueue:
     LEASE_S = 30.0  # an eval pool asks at least every 5 s, or after a scan of the trials on object storage
     ASK_S = 1.0  # the longest a free drained worker's ask for a job waits before it asks again
 
-    def __init__(self, queues: dict[str, list[str]], warm: list[bytes] = ()):
+    def __init__(self, queues: dict[str, list[str]], warm: list[tuple[str, bytes]] = ()):
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
         self.controllers: dict[str, bytes] = {}  # {controller actor id: its handle, pickled} while it runs
-        self.warm = list(warm)  # Train workers started ahead (handles, pickled), until a group adopts them
-        self.adopted: dict[str, list[bytes]] = {}  # {controller actor id: the warm workers its group took}
+        self.warm = list(warm)  # Train workers started ahead, (actor id, pickled handle), until adopted
+        self.adopted: dict[str, list[tuple[str, bytes]]] = {}  # {controller actor id: the warm workers taken}
+        self.keeping: dict[str, set[str]] = {}  # {controller actor id: its adopted workers asking to be kept}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
         self._relay = threading.Condition()  # guards the relay's state below
@@ -110,7 +114,22 @@ class TrialQueue:
             return []
         taken, self.warm = self.warm[:count], self.warm[count:]
         self.adopted.setdefault(controller, []).extend(taken)
-        return taken
+        return [handle for _, handle in taken]
+
+    def keep(self, controller: str, worker: str) -> None:
+        """An adopted worker of `controller`'s group asks to be kept once its group ends: its train function
+        ends without error, and it ran only rayb's own code (train/loop.py)."""
+        if worker in {actor for actor, _ in self.adopted.get(controller, [])}:
+            self.keeping.setdefault(controller, set()).add(worker)
+
+    def kept(self, controller: str) -> list[str]:
+        """The workers (actor ids) that `controller`'s group, finishing cleanly, is to leave alive."""
+        return sorted(self.keeping.get(controller, ()))
+
+    def leftover(self) -> list[bytes]:
+        """The warm workers (pickled handles) no group holds as the pool ends, for the driver to keep."""
+        left, self.warm = self.warm, []
+        return [handle for _, handle in left]
 
     def _kill_adopted(self, controller: str) -> None:
         """Kill the warm workers that `controller`'s groups adopted, and wait until the GCS has them dead.
@@ -118,7 +137,8 @@ class TrialQueue:
         import ray
         from ray._private.state import actors
 
-        workers = [ray.cloudpickle.loads(handle) for handle in self.adopted.pop(controller, [])]
+        self.keeping.pop(controller, None)
+        workers = [ray.cloudpickle.loads(handle) for _, handle in self.adopted.pop(controller, [])]
         for worker in workers:
             ray.kill(worker)
         deadline = time.monotonic() + self.KILL_S
@@ -131,11 +151,13 @@ class TrialQueue:
         another worker group registers that one's instead)."""
         self.watched[controller] = placement_group
 
-    def ended(self, controller: str) -> None:
-        """A run has ended (Ray Train's own shutdown has killed its workers, adopted ones included)."""
+    def ended(self, controller: str, finished: bool = False) -> None:
+        """A run has ended: Ray Train's own shutdown has killed its workers, adopted ones included, but for
+        those a `finished` run kept, which are warm again."""
         self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
-        self.adopted.pop(controller, None)
+        kept = self.keeping.pop(controller, set()) if finished else set()
+        self.warm[:0] = [worker for worker in self.adopted.pop(controller, []) if worker[0] in kept]
         self._moved()
 
     def lost(self, controller: str) -> None:

@@ -4,9 +4,9 @@ The driver runs each group's trainer (train/trainer.py) on a thread of its own, 
 its `.fit()` starts the run's controller on the driver's node, whose workers take the study's trials from
 a queue shared by every group of their shape (group.TrialQueue) and train them one after another until it
 is empty. On rayb's private instance the pool starts its first groups' Train workers itself, before their
-controllers, which adopt them (trainer.start_warm_workers). Results are not taken from Ray: every trial
-writes its own files (see `rayb.train.trial`), so a crashed study loses nothing and a rerun trains only
-unfinished trials.
+controllers, which adopt them (trainer.start_warm_workers); those that end cleanly go on to the pool's next
+group, or to the driver's next pool. Results are not taken from Ray: every trial writes its own files (see
+`rayb.train.trial`), so a crashed study loses nothing and a rerun trains only unfinished trials.
 
 Why not a Ray Tune trial per group: rayb takes nothing from Tune but a concurrency limit and restarts,
 and each Tune trial is one more process per group, started before the group's controller and only waiting
@@ -28,7 +28,7 @@ from ray.train import TrainingFailedError
 from rayb import runtime, storage
 from rayb.report.status import write_cluster
 from rayb.train.spec import TrainSpec
-from rayb.train.trainer import pack_trainer, start_warm_workers
+from rayb.train.trainer import keep_warm_workers, pack_trainer, start_warm_workers
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
 from rayb.tune.group import queue_actor
 from rayb.tune.packs import one_node, unfittable
@@ -91,7 +91,7 @@ def run_pool(
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
         .remote(
             {shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()},
-            [ray.cloudpickle.dumps(worker) for worker in warm],
+            [(worker._actor_id.hex(), ray.cloudpickle.dumps(worker)) for worker in warm],
         )
     )
     watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
@@ -105,6 +105,7 @@ def run_pool(
 
     # rayb's private instance is one node that only the driver's own end can lose.
     look_every = ClusterWatch.WATCH_S if requests_resources else None
+    left: list = []  # the idle warm workers the pool leaves, once it has ended
     try:
         with ThreadPoolExecutor(max_concurrent, thread_name_prefix="rayb-group") as threads:
             running = {
@@ -121,9 +122,13 @@ def run_pool(
             except BaseException:  # Ctrl-C, or a bug: the threads' runs end before the driver does
                 stop()
                 raise
+        if warm:  # every group has ended: those it kept, and those none adopted, are idle
+            left = [ray.cloudpickle.loads(h) for h in ray.get(queue.leftover.remote())]
     finally:
-        for actor in [queue, *warm]:  # the warm workers no group adopted, and the ended groups' own
-            ray.kill(actor)
+        keep_warm_workers(left)  # for this driver's next pool
+        spent = {w._actor_id for w in left}
+        for actor in [queue, *(w for w in warm if w._actor_id not in spent)]:
+            ray.kill(actor)  # the warm workers of groups that failed or were ended, whatever they left
     why = f"the sweep stopped: {watch.why}" if watch.why else "not trained: its worker pool ended without it"
     return errors | _record([t for t in trials if t.key not in errors and not t.done], why)
 
