@@ -105,6 +105,7 @@ def train_worker_processes() -> list:
 
 
 def kept_worker_ids() -> set[str]:
+    """The actor ids of the idle Train workers this driver keeps between its pools."""
     from rayb.train.trainer import kept_worker_ids
 
     return kept_worker_ids()

@@ -19,6 +19,7 @@ import torch
 from conftest import (
     actor_runtime_envs,
     job_actors,
+    kept_worker_ids,
     loop_with_steps_held,
     ray_processes,
     registered_checkpoint_trial,
@@ -416,8 +417,6 @@ def test_a_pools_warm_worker_trains_the_next_pools_group_and_no_other_outlives_i
     starts its own, which does not outlive it, and the kept worker waits on; a worker that trained a user's
     model (named by import path, whose module may patch what the process has imported) is not kept."""
     from ray.core.generated import gcs_pb2
-
-    from rayb.train.trainer import kept_worker_ids
 
     dead = gcs_pb2.ActorTableData.DEAD
     release_kept_workers()
