@@ -69,16 +69,16 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
         ray.get(ray.get_actor(self.queue).watch.remote(self.controller, group))
 
     def after_controller_finish(self, result) -> None:
-        self._let_go(finished=result.error is None)
+        self._let_go()
 
     def before_controller_abort(self) -> None:
-        self._let_go(finished=False)
+        self._let_go()
 
-    def _let_go(self, finished: bool) -> None:
+    def _let_go(self) -> None:
         import ray
 
         if self.controller is not None:
-            ray.get(ray.get_actor(self.queue).ended.remote(self.controller, finished))
+            ray.get(ray.get_actor(self.queue).ended.remote(self.controller))
             self.controller = None
 
 

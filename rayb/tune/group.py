@@ -64,6 +64,7 @@ class TrialQueue:
         self.warm = list(warm)  # Train workers started ahead, (actor id, pickled handle), until adopted
         self.adopted: dict[str, list[tuple[str, bytes]]] = {}  # {controller actor id: the warm workers taken}
         self.keeping: dict[str, set[str]] = {}  # {controller actor id: its adopted workers asking to be kept}
+        self.spared: dict[str, set[str]] = {}  # {controller actor id: those its group's shutdown left alive}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.stopping = False
         self._relay = threading.Condition()  # guards the relay's state below
@@ -123,13 +124,15 @@ class TrialQueue:
             self.keeping.setdefault(controller, set()).add(worker)
 
     def kept(self, controller: str) -> list[str]:
-        """The workers (actor ids) that `controller`'s group, finishing cleanly, is to leave alive."""
-        return sorted(self.keeping.get(controller, ()))
+        """The workers (actor ids) that `controller`'s group, finishing cleanly, is to leave alive: warm again
+        once its run has `ended`."""
+        self.spared[controller] = self.keeping.pop(controller, set())
+        return sorted(self.spared[controller])
 
-    def leftover(self) -> list[bytes]:
-        """The warm workers (pickled handles) no group holds as the pool ends, for the driver to keep."""
+    def leftover(self) -> list[str]:
+        """The warm workers (actor ids) no group holds as the pool ends, for the driver to keep."""
         left, self.warm = self.warm, []
-        return [handle for _, handle in left]
+        return [actor for actor, _ in left]
 
     def _kill_adopted(self, controller: str) -> None:
         """Kill the warm workers that `controller`'s groups adopted, and wait until the GCS has them dead.
@@ -138,6 +141,7 @@ class TrialQueue:
         from ray._private.state import actors
 
         self.keeping.pop(controller, None)
+        self.spared.pop(controller, None)
         workers = [ray.cloudpickle.loads(handle) for _, handle in self.adopted.pop(controller, [])]
         for worker in workers:
             ray.kill(worker)
@@ -151,13 +155,14 @@ class TrialQueue:
         another worker group registers that one's instead)."""
         self.watched[controller] = placement_group
 
-    def ended(self, controller: str, finished: bool = False) -> None:
+    def ended(self, controller: str) -> None:
         """A run has ended: Ray Train's own shutdown has killed its workers, adopted ones included, but for
-        those a `finished` run kept, which are warm again."""
+        those it spared (`kept`), which are warm again."""
         self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
-        kept = self.keeping.pop(controller, set()) if finished else set()
-        self.warm[:0] = [worker for worker in self.adopted.pop(controller, []) if worker[0] in kept]
+        self.keeping.pop(controller, None)
+        spared = self.spared.pop(controller, set())
+        self.warm[:0] = [worker for worker in self.adopted.pop(controller, []) if worker[0] in spared]
         self._moved()
 
     def lost(self, controller: str) -> None:

@@ -123,11 +123,11 @@ def run_pool(
                 stop()
                 raise
         if warm:  # every group has ended: those it kept, and those none adopted, are idle
-            left = [ray.cloudpickle.loads(h) for h in ray.get(queue.leftover.remote())]
+            idle = set(ray.get(queue.leftover.remote()))
+            left = [w for w in warm if w._actor_id.hex() in idle]
     finally:
         keep_warm_workers(left)  # for this driver's next pool
-        spent = {w._actor_id for w in left}
-        for actor in [queue, *(w for w in warm if w._actor_id not in spent)]:
+        for actor in [queue, *(w for w in warm if w not in left)]:
             ray.kill(actor)  # the warm workers of groups that failed or were ended, whatever they left
     why = f"the sweep stopped: {watch.why}" if watch.why else "not trained: its worker pool ended without it"
     return errors | _record([t for t in trials if t.key not in errors and not t.done], why)
