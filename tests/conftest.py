@@ -291,15 +291,20 @@ def mirror(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def ray_session(s3_server):
+def ray_session(s3_server, tmp_path_factory):
     """The suite's one local Ray. Its processes reach the loopback S3 server as a cluster's nodes reach
-    their store: through credentials in their environment (this process's own stays untouched)."""
+    their store: through credentials in their environment (this process's own stays untouched).
+
+    Started as `rayb run` starts it (without -v): the workers' output stays in the session's log files,
+    with no log monitor streaming it here. That process rescans every worker's log file as it polls, and
+    the suite starts hundreds of workers: the two test workers' monitors took 51 CPU-seconds of a 20-minute
+    run on 2 cores."""
     import ray
 
     from rayb import runtime
 
     with mock.patch.dict(os.environ, s3_server):
-        runtime.init_ray()
+        runtime.init_ray(ray_logs=tmp_path_factory.mktemp("ray") / "driver.log")
     yield
     ray.shutdown()
 
