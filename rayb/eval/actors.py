@@ -556,12 +556,15 @@ class _EvalActor:
         cap_gpu_memory(gpus)  # actors sharing a GPU cannot run each other out of memory
         # What every job imports, imported as the actor starts: an actor on a spare CPU (EvalPool) does it
         # while the trials are still starting.
-        import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)
+        from rayb import imports_frozen
 
-        import rayb.data.tokenizer  # noqa: F401
-        import rayb.eval.lm  # noqa: F401
-        import rayb.models.checkpoint  # noqa: F401
-        import rayb.models.pretrained  # noqa: F401
+        with imports_frozen():
+            import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)
+
+            import rayb.data.tokenizer  # noqa: F401
+            import rayb.eval.lm  # noqa: F401
+            import rayb.models.checkpoint  # noqa: F401
+            import rayb.models.pretrained  # noqa: F401
 
     def run(self, job: EvalJob) -> dict[str, Any]:
         return _summary(run_job(job, self.threads))

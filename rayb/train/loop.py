@@ -19,6 +19,7 @@ import math
 import os
 import random
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayb import storage
+from rayb import imports_frozen, storage
 from rayb.data.cache import TokenCache, row_digest
 from rayb.eval.lm import as_ids, logits_nll, next_token_nll
 from rayb.files import write_json_atomic
@@ -212,13 +213,18 @@ def _start_worker(pack: TrialPack) -> None:
 
 
 def import_worker_libraries(use_gpu: bool) -> None:
-    """DeepSpeed, for the accelerator it is to use: most of a worker's start-up (timed as such), which a
-    Train worker started ahead of its group has done already (trainer.RayTrainWorker)."""
+    """DeepSpeed, for the accelerator it is to use, and what every model class builds on (transformers'
+    modeling_utils: 2.7 CPU-seconds, else paid in the first trial's set-up): most of a worker's start-up
+    (timed as such), which a Train worker started ahead of its group has done already
+    (trainer.RayTrainWorker)."""
+    if "deepspeed" in sys.modules:
+        return
     if not use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
     # Its autotuner, which rayb never runs, imports mlflow where it is installed: 0.7 s of each start.
-    with hidden("mlflow"):
+    with imports_frozen(), hidden("mlflow"):
         import deepspeed  # noqa: F401
+        import transformers.modeling_utils  # noqa: F401
 
 
 def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:

@@ -207,11 +207,14 @@ class RayTrainWorker(TrainWorker):
 
     def __init__(self):
         super().__init__()
-        import ray.train.torch.config  # noqa: F401  (train/backend.py's functions import it on the worker)
+        from rayb import imports_frozen
 
-        from rayb.train.loop import import_worker_libraries
+        with imports_frozen():
+            import ray.train.torch.config  # noqa: F401  (train/backend.py's functions import it on the worker)
 
-        import_worker_libraries(use_gpu=False)
+            from rayb.train.loop import import_worker_libraries
+
+            import_worker_libraries(use_gpu=False)
 
     def init_train_context(self, *args, **kwargs):
         """Ray Train's, with the run's own checkpoint uploads and their ordering. Ray's TrainContext defaults
