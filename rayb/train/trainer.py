@@ -202,8 +202,9 @@ class InheritingWorkerGroup(WorkerGroup):
 class RayTrainWorker(TrainWorker):
     """Ray Train's worker (named as Ray Train's, which Ray titles its process and lists its actor by) as the
     pool starts it ahead of the worker group that adopts it (start_warm_workers): its process imports what
-    a CPU worker imports once its group has started (torch, for Ray Train's torch functions, rayb's loop
-    and DeepSpeed) while the group's controller starts, which otherwise comes first."""
+    a CPU worker imports once its group has started (torch, for Ray Train's torch functions, rayb's loop,
+    DeepSpeed and transformers' modeling_utils) while the group's controller starts, which otherwise comes
+    first, and leaves all of it out of its garbage collections (rayb.imports_frozen)."""
 
     def __init__(self):
         super().__init__()
