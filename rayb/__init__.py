@@ -35,10 +35,3 @@ def imports_frozen() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
-
-
-def freeze_heap() -> None:
-    """Freeze what a long-lived process (a study's driver) keeps once its set-up is done, garbage
-    collected first."""
-    gc.collect()
-    gc.freeze()

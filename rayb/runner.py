@@ -188,7 +188,7 @@ def run_study(
     without `ray_logs`, Ray's own output goes to files (RAY_LOG in the study directory, and Ray's session
     logs) rather than the terminal; with `dashboard`, a local Ray runs its dashboard. Raises StudyError for
     a study that cannot run or be judged; whatever finished stays on disk."""
-    from rayb import freeze_heap, runtime
+    from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.models import selfcheck
     from rayb.report import import_in_background as import_report_libraries
@@ -271,7 +271,6 @@ def run_study(
                                poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers,
                                free_cores=feed.free_cores)  # fmt: skip
         stages.end("planning")
-        freeze_heap()  # what the driver keeps from here on: its imports, Ray's, the study's plan
         trained, groups, report_imports = 0, 0, None
 
         def train(trials_to_train: list[TrialSpec]) -> None:
