@@ -1,8 +1,8 @@
 """What freezing a worker's imports saves (rayb.imports_frozen): the CPU a Train worker spends starting
-(trainer.RayTrainWorker: torch, DeepSpeed, transformers), then training small trials, each ended by the collection rayb runs between trials
-(train/loop._release_memory), with its imports frozen (as rayb starts a worker) against the same process
-with Python's collector left as it is. Each variant runs in a fresh process, alternating, and the medians
-are compared.
+(trainer.RayTrainWorker: torch, DeepSpeed, transformers), then training small trials, each ended by the
+collection rayb runs between trials (train/loop._release_memory), with its imports frozen (as rayb
+starts a worker) against the same process with Python's collector left as it is. Each variant runs in a
+fresh process, alternating, and the medians are compared.
 
     python bench/frozen_heap.py                 # 3 pairs of 4 trials of 60 steps
     python bench/frozen_heap.py --pairs 5 --trials 8
@@ -75,7 +75,7 @@ def main() -> None:
         f"CPU seconds of one worker process, medians of {args.pairs} runs ({args.trials} trials of 60 steps)"
     )
     print(f"{'':28}{'collector as is':>16}{'imports frozen':>16}{'frozen/as is':>14}")
-    for key, label in [("imports_s", "importing"), ("imports_gc_s", "  of which collecting"),
+    for key, label in [("imports_s", "starting the worker"), ("imports_gc_s", "  of which collecting"),
                        ("trials_s", "training the trials"), ("trials_gc_s", "  of which collecting")]:  # fmt: skip
         plain, frozen = (statistics.median(r[key] for r in runs[v]) for v in ("plain", "frozen"))
         print(f"{label:28}{plain:16.2f}{frozen:16.2f}{frozen / plain if plain else float('nan'):13.2f}x")
