@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rayb import storage
+from rayb import imports_frozen, storage
 from rayb.eval.registry import PRIMARY_SUITE, job_argument, make_options, parse_suite, result_name
 from rayb.eval.scoring import describe_evaluation_precision, evaluation_autocast
 from rayb.files import digest, read_json, write_json_atomic
@@ -556,8 +556,6 @@ class _EvalActor:
         cap_gpu_memory(gpus)  # actors sharing a GPU cannot run each other out of memory
         # What every job imports, imported as the actor starts: an actor on a spare CPU (EvalPool) does it
         # while the trials are still starting.
-        from rayb import imports_frozen
-
         with imports_frozen():
             import transformers.modeling_utils  # noqa: F401  (the baselines' model classes build on it)
 

@@ -26,7 +26,7 @@ from ray.train.v2._internal.execution.worker_group.worker import RayTrainWorker 
 from ray.train.v2._internal.execution.worker_group.worker import Worker
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from rayb import runtime, storage
+from rayb import imports_frozen, runtime, storage
 from rayb.registry import is_import_path
 from rayb.train.backend import TorchGroup
 from rayb.train.trial import LATEST_CHECKPOINT, TrialPack, checkpoint_record, tag_trial
@@ -208,8 +208,6 @@ class RayTrainWorker(TrainWorker):
 
     def __init__(self):
         super().__init__()
-        from rayb import imports_frozen
-
         with imports_frozen():
             import ray.train.torch.config  # noqa: F401  (train/backend.py's functions import it on the worker)
 
