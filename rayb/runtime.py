@@ -69,6 +69,14 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
     #   CPU from training, whose steps took 10-14% longer over ten seeds on 2 cores. Python's own
     #   generational collector still runs in every process.
     os.environ.setdefault("RAY_local_gc_min_interval_s", "300")
+    # - idle workers kept while trials hold the CPUs. Ray keeps as many idle workers as its soft limit
+    #   (by default the CPU count) leaves beside the CPUs in use, and ends others a second after their
+    #   last task: with every CPU held by worker groups, each study of a driver (a notebook, the test
+    #   suite) started its data preparation's tokenize workers anew, and the tiny study's data took
+    #   2.4-3.2 s, against 0.7-1.1 s, its study 7 new processes and 13-16 CPU-seconds, against 5 and
+    #   10-13 (2 cores). Twice the CPUs keeps up to one idle worker per core, as many as rayb's tasks use
+    #   at once; they end with the driver.
+    os.environ.setdefault("RAY_num_workers_soft_limit", str(2 * (os.cpu_count() or 1)))
     with _without_unused_monitors(log_to_driver=quiet["log_to_driver"]):
         context = ray.init(
             # A new instance, not Ray's default: that joins the cluster a `ray start` on this machine last

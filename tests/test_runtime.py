@@ -35,6 +35,28 @@ def test_local_workers_get_the_drivers_import_path_without_a_job_runtime_env(ray
     assert gc_interval == "300"
 
 
+def test_a_task_worker_stays_for_the_next_task_while_trials_hold_every_cpu(ray_session):
+    """Ray keeps only as many idle workers as its soft limit (by default the CPU count) leaves beside the
+    CPUs in use: while worker groups hold every CPU, a task's worker would end a second after its task,
+    and each study of a driver would start its tokenize workers anew. rayb's instance keeps it."""
+    import psutil
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    @ray.remote(num_cpus=1)
+    def pid() -> int:
+        return os.getpid()
+
+    worker = psutil.Process(ray.get(pid.remote()))
+    held = placement_group([{"CPU": 1}] * int(ray.cluster_resources()["CPU"]))  # as worker groups hold them
+    try:
+        ray.get(held.ready(), timeout=120)
+        time.sleep(3)  # Ray's idle threshold is 1 s, and it looks for idle workers to end every 0.2 s
+        assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+    finally:
+        remove_placement_group(held)
+
+
 @pytest.mark.parametrize("cluster_file", ["aws.yaml", "gcp.yaml"])
 def test_a_gpu_study_on_the_shipped_clusters_waits_for_the_gpu_nodes_their_autoscaler_adds(cluster_file):
     """Both cluster files start with a CPU head and no GPU node: a GPU study must wait for the 8xA100 nodes
