@@ -456,6 +456,33 @@ def test_a_pools_warm_worker_trains_the_next_pools_group_and_no_other_outlives_i
     assert [a.state for a in job_actors("RayTrainWorker") if a.actor_id == warm.actor_id] == [dead]
 
 
+def test_worker_groups_adopt_the_drivers_synchronization_actor_pool_after_pool(tiny_cache, tmp_path):
+    """Ray Train starts a synchronization actor per worker group, a process of its own. On rayb's private
+    instance the pool's groups adopt the driver's instead (trainer.InheritingWorkerGroup): a group that ends
+    cleanly leaves it alive, and the pool's next group, then the next pool's, adopts the same actor."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    release_kept_workers()
+    trials = plan_trials(parse_study(tiny_study_dict(seeds=[3, 4])), tiny_cache, tmp_path)
+    gpt2, mamba = [t for t in trials if t.arch == "gpt2"], [t for t in trials if t.arch == "mamba"]
+    before = {a.actor_id for a in job_actors("SynchronizationActor")}
+    assert run_pool(worker_pool(gpt2, slots=2, cores=1), 1) == {}  # two groups, one after the other
+    assert run_pool(worker_pool(mamba[:1], slots=1, cores=1), 1) == {}  # the next pool
+    assert all(t.done for t in gpt2 + mamba[:1])
+    started = [a for a in job_actors("SynchronizationActor") if a.actor_id not in before]
+    assert len(started) == 1  # none started by a group's controller
+    assert started[0].owner_address.worker_id.hex() == ray.get_runtime_context().get_worker_id()
+    assert started[0].state == gcs_pb2.ActorTableData.ALIVE  # kept for this driver's next pool
+    release_kept_workers()  # which ends it too
+    deadline = time.time() + 30
+    while [a.state for a in job_actors("SynchronizationActor") if a.actor_id == started[0].actor_id] != [
+        gcs_pb2.ActorTableData.DEAD
+    ]:
+        assert time.time() < deadline, "release_kept_workers left the kept synchronization actor alive"
+        time.sleep(0.2)
+
+
 def test_a_trials_checkpoints_and_its_groups_end_wait_for_no_poll_of_ray_trains(
     tiny_cache, tmp_path, monkeypatch
 ):

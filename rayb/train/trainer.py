@@ -15,13 +15,23 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ray._private.ray_constants import env_float
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.constants import get_env_vars_to_propagate
+from ray.train.v2._internal.constants import (
+    COLLECTIVE_TIMEOUT_S_ENV_VAR,
+    COLLECTIVE_WARN_INTERVAL_S_ENV_VAR,
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_COLLECTIVE_WARN_INTERVAL_S,
+    get_env_vars_to_propagate,
+)
 from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2._internal.execution.worker_group import WorkerGroup
+from ray.train.v2._internal.execution.worker_group import state as group_state
+from ray.train.v2._internal.execution.worker_group import worker_group as group_module
 from ray.train.v2._internal.execution.worker_group.worker import RayTrainWorker as TrainWorker
 from ray.train.v2._internal.execution.worker_group.worker import Worker
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
@@ -39,6 +49,31 @@ if TYPE_CHECKING:  # Ray Train's controller, which unpickles this module, import
 MAX_WORKER_FAILURES = 2  # a killed worker restarts the group from the last checkpoint
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _replaced(module, name: str, value):
+    """Within, `module`'s global `name` is `value`."""
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class _Adopted:
+    """Stands for Ray Train's SynchronizationActor class while a worker group that adopted one starts: the
+    actor it starts is the adopted one."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def options(self, **options) -> _Adopted:
+        return self
+
+    def remote(self, **arguments):
+        return self.handle
 
 
 class PoolCleaner(ControllerCallback, WorkerGroupCallback):
@@ -126,10 +161,49 @@ class InheritingWorkerGroup(WorkerGroup):
     runtime env and starts as any idle worker Ray keeps, or as a plain new process (see EnvController); a
     variable whose value differs from the inherited one (a setting changed after Ray started) still goes in
     the runtime env. With no runtime env for its workers, a CPU group adopts the Train workers its pool
-    started ahead, if its queue (`warm_from`) still has as many as it needs (start_warm_workers)."""
+    started ahead, if its queue (`warm_from`) still has as many as it needs (start_warm_workers); and any
+    group adopts a synchronization actor the queue keeps idle (start_sync_actors)."""
 
     inherited: dict[str, str] = {}
     warm_from: str | None = None
+    _sync_actor = None  # the kept synchronization actor this group adopted, if it did
+    _spare_sync = False  # whether its shutdown leaves that actor alive (a clean finish: spare_kept)
+
+    def _start_impl(self, worker_group_state_builder):
+        """Ray Train's (2.60's), with a synchronization actor of the pool's in place of the new one Ray Train
+        starts for each worker group: a process of its own, whose import of Ray Train (Ray Data, pandas,
+        pyarrow) took 1.2 CPU-seconds of the group's start on 2 cores. Ray Train starts it inline, so the
+        module's name for its class stands for the adopted actor while the group starts."""
+        self._sync_actor, self._spare_sync = self._adopt_sync_actor(), False
+        if self._sync_actor is None:
+            return super()._start_impl(worker_group_state_builder)
+        with _replaced(group_module, "SynchronizationActor", _Adopted(self._sync_actor)):
+            return super()._start_impl(worker_group_state_builder)
+
+    def _adopt_sync_actor(self):
+        """An idle synchronization actor from the pool's queue, started with this group's arguments, or None."""
+        import ray
+
+        if self.warm_from is None:
+            return None
+        controller = ray.get_runtime_context().get_actor_id()
+        arguments = {
+            "timeout_s": self._collective_timeout_s,
+            "warn_interval_s": self._collective_warn_interval_s,
+        }
+        handle = ray.get(ray.get_actor(self.warm_from).adopt_sync.remote(controller, arguments))
+        return None if handle is None else ray.cloudpickle.loads(handle)
+
+    def shutdown(self):
+        """Ray Train's, leaving alive the synchronization actor the group adopted where it finished cleanly
+        (spare_kept): Ray Train kills its group's actor as its group ends."""
+        import ray
+
+        spared = self._sync_actor if self._spare_sync else None
+        if spared is None:
+            return super().shutdown()
+        with _replaced(group_state, "_shutdown_sync_actor", lambda actor: actor is spared or ray.kill(actor)):
+            return super().shutdown()
 
     def _get_worker_runtime_env(self, custom_runtime_env):
         runtime_env = dict(WorkerGroup._get_worker_runtime_env(custom_runtime_env))
@@ -182,7 +256,7 @@ class InheritingWorkerGroup(WorkerGroup):
         """Before a clean shutdown: leave out of it the workers the pool's queue keeps (TrialQueue.kept), so
         that Ray Train neither kills them nor has them leave their process group: a kept worker has a group
         of one, which its next group reuses (backend._join_process_group). Their Ray Train shutdown hooks
-        still run."""
+        still run. An adopted synchronization actor is left alive too, its barrier at rest."""
         import dataclasses
 
         import ray
@@ -190,6 +264,7 @@ class InheritingWorkerGroup(WorkerGroup):
         state = self._worker_group_state
         if self.warm_from is None or state is None:
             return
+        self._spare_sync = self._sync_actor is not None  # the queue keeps it idle once the run has ended
         controller = ray.get_runtime_context().get_actor_id()
         kept = set(ray.get(ray.get_actor(self.warm_from).kept.remote(controller)))
         spared = [w for w in state.workers if w.actor._actor_id.hex() in kept]
@@ -230,9 +305,33 @@ class RayTrainWorker(TrainWorker):
         context.report_order_condition = threading.Condition()
 
 
-# The idle warm workers this driver keeps between its pools (a study's rounds of seeds, the studies of a
-# notebook or a sweep script): each has imported torch and DeepSpeed, and kept a process group of one.
+# The idle actors this driver keeps between its pools (a study's rounds of seeds, the studies of a
+# notebook or a sweep script): warm Train workers, each of which has imported torch and DeepSpeed and kept a
+# process group of one; and worker groups' synchronization actors.
 _kept_workers: list = []
+_kept_sync_actors: list = []
+
+
+def _take_kept(kept: list, count: int) -> list:
+    """Up to `count` of the `kept` actors, alive or still starting (a pool that ended early leaves workers
+    still importing); one the GCS has dead, or does not know (a handle from an earlier Ray session), is
+    dropped."""
+    from ray._private.state import actors
+
+    live = [a for a in kept if actors(a._actor_id.hex()).get("State") not in (None, "DEAD")]
+    taken, kept[:] = live[:count], live[count:]
+    return taken
+
+
+def _keep(kept: list, actors: list) -> None:
+    """Keep the idle `actors` a pool leaves for this driver's next pool, up to one per core of their kind (an
+    idle actor holds a process's memory, no CPU); kill the rest."""
+    import ray
+
+    room = max(0, (os.cpu_count() or 1) - len(kept))
+    kept.extend(actors[:room])
+    for actor in actors[room:]:
+        ray.kill(actor)
 
 
 def start_warm_workers(count: int) -> list:
@@ -241,34 +340,52 @@ def start_warm_workers(count: int) -> list:
     as that leaves. On rayb's private instance, a single node, where a group's workers have no runtime env.
     Each holds no resources (the adopting group's placement group holds them), so none waits for CPUs."""
     import ray
-    from ray._private.state import actors
 
-    # Alive, or still starting (a pool that ended early leaves workers that are still importing). A worker
-    # the GCS has dead, or does not know (a handle from an earlier Ray session), is dropped.
-    live = [w for w in _kept_workers if actors(w._actor_id.hex()).get("State") not in (None, "DEAD")]
-    workers, _kept_workers[:] = live[:count], live[count:]
+    workers = _take_kept(_kept_workers, count)
     actor = ray.remote(num_cpus=0)(RayTrainWorker)
     return workers + [actor.remote() for _ in range(count - len(workers))]
 
 
-def release_kept_workers() -> None:
-    """Kill the idle warm workers this driver keeps between pools (the memory of their processes)."""
+def start_sync_actors(count: int) -> list:
+    """`count` synchronization actors for the pool's worker groups to adopt as they start, one each
+    (InheritingWorkerGroup), with the arguments Ray Train's groups start theirs with (`sync_arguments`):
+    those this driver kept from its last pool, and as many new ones as that leaves. Each is Ray Train's own,
+    on this node (as Ray Train places its groups'), and one a group ends cleanly with goes on to the next."""
     import ray
 
-    for worker in _kept_workers:
-        ray.kill(worker)
+    kept = _take_kept(_kept_sync_actors, count)
+    on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
+    new = SynchronizationActor.options(label_selector=on_this_node)
+    return kept + [new.remote(**sync_arguments()) for _ in range(count - len(kept))]
+
+
+def sync_arguments() -> dict[str, float | None]:
+    """What Ray Train's worker groups start their synchronization actor with (from the environment, as Ray
+    Train's WorkerGroup reads it)."""
+    return {
+        "timeout_s": env_float(COLLECTIVE_TIMEOUT_S_ENV_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S),
+        "warn_interval_s": env_float(COLLECTIVE_WARN_INTERVAL_S_ENV_VAR, DEFAULT_COLLECTIVE_WARN_INTERVAL_S),
+    }
+
+
+def release_kept_workers() -> None:
+    """Kill the idle actors this driver keeps between pools (the memory of their processes)."""
+    import ray
+
+    for actor in _kept_workers + _kept_sync_actors:
+        ray.kill(actor)
     _kept_workers.clear()
+    _kept_sync_actors.clear()
 
 
 def keep_warm_workers(workers: list) -> None:
-    """Keep the idle warm workers a pool leaves for this driver's next pool, up to one per core in all (an
-    idle worker holds a process's memory, no CPU); kill the rest."""
-    import ray
+    """Keep the idle warm workers a pool leaves for this driver's next pool (see _keep)."""
+    _keep(_kept_workers, workers)
 
-    room = max(0, (os.cpu_count() or 1) - len(_kept_workers))
-    _kept_workers.extend(workers[:room])
-    for worker in workers[room:]:
-        ray.kill(worker)
+
+def keep_sync_actors(sync_actors: list) -> None:
+    """Keep the idle synchronization actors a pool leaves for this driver's next pool (see _keep)."""
+    _keep(_kept_sync_actors, sync_actors)
 
 
 def kept_worker_ids() -> set[str]:

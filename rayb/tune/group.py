@@ -39,7 +39,9 @@ class TrialQueue:
     A trial is handed on to a restarted group only once no such worker of an earlier run is left to train it.
     An adopted worker whose group finished cleanly and that ran only rayb's own code asks to be `kept`: its
     group's shutdown spares it (trainer.EnvController), and it goes back to the warm workers, for the
-    pool's next group, or for the driver's next pool (`leftover`).
+    pool's next group, or for the driver's next pool (`leftover`). It hands out the synchronization actors the
+    driver keeps for its groups in the same way, one per group: Ray Train kills the one a group adopted
+    unless the group ends cleanly, when it is idle again; a lost or stopped controller's is killed here.
 
     In a CPU study it also relays evaluation jobs to the workers of groups with no trial left to take, once
     no trial waits for a group at all (eval/actors.DrainedWorkers): such a worker holds CPUs that no queued
@@ -57,7 +59,10 @@ class TrialQueue:
     LEASE_S = 30.0  # an eval pool asks at least every 5 s, or after a scan of the trials on object storage
     ASK_S = 1.0  # the longest a free drained worker's ask for a job waits before it asks again
 
-    def __init__(self, queues: dict[str, list[str]], warm: list[tuple[str, bytes]] = ()):
+    def __init__(
+        self, queues: dict[str, list[str]], warm: list[tuple[str, bytes]] = (),
+        syncs: list[tuple[str, bytes, dict]] = (),
+    ):  # fmt: skip
         self.waiting = {shape: deque(keys) for shape, keys in queues.items()}
         self.held: dict[str, str] = {}  # {group (its run name): trial key}
         self.controllers: dict[str, bytes] = {}  # {controller actor id: its handle, pickled} while it runs
@@ -66,6 +71,9 @@ class TrialQueue:
         self.keeping: dict[str, set[str]] = {}  # {controller actor id: its adopted workers asking to be kept}
         self.spared: dict[str, set[str]] = {}  # {controller actor id: those its group's shutdown left alive}
         self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
+        self.syncs = list(syncs)  # idle synchronization actors, (actor id, pickled handle, their arguments)
+        self.adopted_syncs: dict[str, tuple[str, bytes, dict]] = {}  # {controller actor id: its group's}
+        self.spared_syncs: set[str] = set()  # controllers whose group's clean end leaves its actor idle
         self.stopping = False
         self._relay = threading.Condition()  # guards the relay's state below
         self._free: list[str] = []  # drained workers (actor ids) waiting for a job, the earliest first
@@ -117,6 +125,16 @@ class TrialQueue:
         self.adopted.setdefault(controller, []).extend(taken)
         return [handle for _, handle in taken]
 
+    def adopt_sync(self, controller: str, arguments: dict) -> bytes | None:
+        """An idle synchronization actor started with `arguments` (its pickled handle) for the worker group
+        `controller` starts, or None. One a restarted group adopted before has been killed with that group."""
+        self.adopted_syncs.pop(controller, None)
+        for index, (_, _, started_with) in enumerate(self.syncs):
+            if started_with == arguments:
+                self.adopted_syncs[controller] = self.syncs.pop(index)
+                return self.adopted_syncs[controller][1]
+        return None
+
     def keep(self, controller: str, worker: str) -> None:
         """An adopted worker of `controller`'s group asks to be kept once its group ends: its train function
         ends without error, and it ran only rayb's own code (train/loop.py)."""
@@ -127,12 +145,16 @@ class TrialQueue:
         """The workers (actor ids) that `controller`'s group, finishing cleanly, is to leave alive: warm again
         once its run has `ended`."""
         self.spared[controller] = self.keeping.pop(controller, set())
+        if controller in self.adopted_syncs:
+            self.spared_syncs.add(controller)
         return sorted(self.spared[controller])
 
-    def leftover(self) -> list[str]:
-        """The warm workers (actor ids) no group holds as the pool ends, for the driver to keep."""
-        left, self.warm = self.warm, []
-        return [actor for actor, _ in left]
+    def leftover(self) -> tuple[list[str], list[str]]:
+        """The warm workers and synchronization actors (actor ids) no group holds as the pool ends, for the
+        driver to keep."""
+        workers, self.warm = self.warm, []
+        syncs, self.syncs = self.syncs, []
+        return [actor for actor, _ in workers], [actor for actor, _, _ in syncs]
 
     def _kill_adopted(self, controller: str) -> None:
         """Kill the warm workers that `controller`'s groups adopted, and wait until the GCS has them dead.
@@ -142,7 +164,10 @@ class TrialQueue:
 
         self.keeping.pop(controller, None)
         self.spared.pop(controller, None)
+        self.spared_syncs.discard(controller)
         workers = [ray.cloudpickle.loads(handle) for _, handle in self.adopted.pop(controller, [])]
+        if (sync := self.adopted_syncs.pop(controller, None)) is not None:
+            ray.kill(ray.cloudpickle.loads(sync[1]))  # the driver's actor: it outlives the controller
         for worker in workers:
             ray.kill(worker)
         deadline = time.monotonic() + self.KILL_S
@@ -157,12 +182,17 @@ class TrialQueue:
 
     def ended(self, controller: str) -> None:
         """A run has ended: Ray Train's own shutdown has killed its workers, adopted ones included, but for
-        those it spared (`kept`), which are warm again."""
+        those it spared (`kept`), which are warm again, as is the synchronization actor of a group that ended
+        cleanly."""
         self.controllers.pop(controller, None)
         self.watched.pop(controller, None)
         self.keeping.pop(controller, None)
         spared = self.spared.pop(controller, set())
         self.warm[:0] = [worker for worker in self.adopted.pop(controller, []) if worker[0] in spared]
+        sync = self.adopted_syncs.pop(controller, None)
+        if sync is not None and controller in self.spared_syncs:  # else Ray Train has killed it
+            self.syncs.append(sync)
+        self.spared_syncs.discard(controller)
         self._moved()
 
     def lost(self, controller: str) -> None:

@@ -4,9 +4,10 @@ The driver runs each group's trainer (train/trainer.py) on a thread of its own, 
 its `.fit()` starts the run's controller on the driver's node, whose workers take the study's trials from
 a queue shared by every group of their shape (group.TrialQueue) and train them one after another until it
 is empty. On rayb's private instance the pool starts its first groups' Train workers itself, before their
-controllers, which adopt them (trainer.start_warm_workers); those that end cleanly go on to the pool's next
-group, or to the driver's next pool. Results are not taken from Ray: every trial writes its own files (see
-`rayb.train.trial`), so a crashed study loses nothing and a rerun trains only unfinished trials.
+controllers, which adopt them (trainer.start_warm_workers), and their synchronization actors
+(trainer.start_sync_actors); those that end cleanly go on to the pool's next group, or to the driver's next
+pool. Results are not taken from Ray: every trial writes its own files (see `rayb.train.trial`), so a
+crashed study loses nothing and a rerun trains only unfinished trials.
 
 Why not a Ray Tune trial per group: rayb takes nothing from Tune but a concurrency limit and restarts,
 and each Tune trial is one more process per group, started before the group's controller and only waiting
@@ -28,7 +29,14 @@ from ray.train import TrainingFailedError
 from rayb import runtime, storage
 from rayb.report.status import write_cluster
 from rayb.train.spec import TrainSpec
-from rayb.train.trainer import keep_warm_workers, pack_trainer, start_warm_workers
+from rayb.train.trainer import (
+    keep_sync_actors,
+    keep_warm_workers,
+    pack_trainer,
+    start_sync_actors,
+    start_warm_workers,
+    sync_arguments,
+)
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
 from rayb.tune.group import queue_actor
 from rayb.tune.packs import one_node, unfittable
@@ -83,15 +91,20 @@ def run_pool(
     name = name or queue_name()
     train = groups[0].train
     requests_resources = not runtime.private_instance()  # which no autoscaler serves
-    # The first groups' workers, started now, import while the groups' controllers start.
-    first_workers = min(max_concurrent, len(groups)) * train.num_workers
-    warm = start_warm_workers(first_workers) if not (requests_resources or train.use_gpu) else []
+    # The first groups' workers and synchronization actors, started now (or kept from this driver's last
+    # pool): the workers import while the groups' controllers start.
+    at_once = min(max_concurrent, len(groups))
+    ahead = not (requests_resources or train.use_gpu)
+    warm = start_warm_workers(at_once * train.num_workers) if ahead else []
+    syncs = start_sync_actors(at_once) if ahead else []
+    arguments = sync_arguments()
     queue = (
         queue_actor(relay=2 * max_concurrent * train.num_workers + 4)
         .options(name=name, num_cpus=0, scheduling_strategy=_this_node())
         .remote(
             {shape: [t.key for t in queue if not t.done] for shape, queue in shapes.items()},
             [(worker._actor_id.hex(), ray.cloudpickle.dumps(worker)) for worker in warm],
+            [(sync._actor_id.hex(), ray.cloudpickle.dumps(sync), arguments) for sync in syncs],
         )
     )
     watch, packed = ClusterWatch(train, study_dir), one_node(train, runtime.capacity())
@@ -105,7 +118,7 @@ def run_pool(
 
     # rayb's private instance is one node that only the driver's own end can lose.
     look_every = ClusterWatch.WATCH_S if requests_resources else None
-    left: list = []  # the idle warm workers the pool leaves, once it has ended
+    left: list = []  # the idle warm workers and synchronization actors the pool leaves, once it has ended
     try:
         with ThreadPoolExecutor(max_concurrent, thread_name_prefix="rayb-group") as threads:
             running = {
@@ -122,13 +135,14 @@ def run_pool(
             except BaseException:  # Ctrl-C, or a bug: the threads' runs end before the driver does
                 stop()
                 raise
-        if warm:  # every group has ended: those it kept, and those none adopted, are idle
-            idle = set(ray.get(queue.leftover.remote()))
-            left = [w for w in warm if w._actor_id.hex() in idle]
-    finally:
-        keep_warm_workers(left)  # for this driver's next pool
-        for actor in [queue, *(w for w in warm if w not in left)]:
-            ray.kill(actor)  # the warm workers of groups that failed or were ended, whatever they left
+        if ahead:  # every group has ended: those it kept, and those none adopted, are idle
+            idle = {actor for actors in ray.get(queue.leftover.remote()) for actor in actors}
+            left = [a for a in warm + syncs if a._actor_id.hex() in idle]
+    finally:  # for this driver's next pool
+        keep_warm_workers([w for w in warm if w in left])
+        keep_sync_actors([s for s in syncs if s in left])
+        for actor in [queue, *(a for a in warm + syncs if a not in left)]:
+            ray.kill(actor)  # those of groups that failed or were ended, whatever they left
     why = f"the sweep stopped: {watch.why}" if watch.why else "not trained: its worker pool ended without it"
     return errors | _record([t for t in trials if t.key not in errors and not t.done], why)
 
