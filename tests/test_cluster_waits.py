@@ -74,8 +74,15 @@ def test_a_cluster_that_can_never_fit_a_trial_stops_the_sweep_naming_why(tiny_ca
 
 def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_path):
     """The pool runs each group's Ray Train run from a thread of the driver: a run whose controller dies
-    (killed here, as Ray's memory monitor may) is started again, and trains its trial to the end."""
-    pack = _pack(tiny_cache, tmp_path, 1)
+    (killed here, as Ray's memory monitor may) is started again, and trains its trial to the end. The dead
+    controller's placement group, the job's and not the controller's, goes: killed as its group started,
+    before its group had started, it had held a CPU until the driver exited."""
+    from ray.util import placement_group_table
+
+    def held() -> set[str]:
+        return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
+
+    pack, earlier = _pack(tiny_cache, tmp_path, 1), held()
     killed: list[int] = []
 
     def kill_the_first_controller() -> None:
@@ -92,6 +99,7 @@ def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_p
     killer.join()
     assert killed, "no controller was seen to kill"
     assert errors == {} and pack.trials[0].done
+    assert held() <= earlier
 
 
 def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):

@@ -25,7 +25,7 @@ from ray.train.v2._internal.constants import (
     DEFAULT_COLLECTIVE_WARN_INTERVAL_S,
     get_env_vars_to_propagate,
 )
-from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback
 from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
@@ -76,10 +76,10 @@ class _Adopted:
         return self.handle
 
 
-class PoolCleaner(ControllerCallback, WorkerGroupCallback):
+class PoolCleaner(ControllerCallback):
     """Ray Train's PlacementGroupCleanerCallback for a run of the pool, with the pool's queue as the cleaner
-    (tune/group.TrialQueue): the run registers its controller (which the queue ends if the pool stops)
-    and each worker group's placement group there, and lets go of them once it ends."""
+    (tune/group.TrialQueue): the run registers its controller there (which the queue ends if the pool
+    stops, removing its placement groups, as it does a lost controller's), and lets go of it once it ends."""
 
     def __init__(self, queue: str):
         self.queue = queue
@@ -96,12 +96,6 @@ class PoolCleaner(ControllerCallback, WorkerGroupCallback):
         # queue as each group starts: 0.3 s on 2 idle cores, more beside the other starts.
         handle = ray.cloudpickle.dumps(context.current_actor)
         ray.get(ray.get_actor(self.queue).started.remote(self.controller, handle))
-
-    def after_worker_group_start(self, worker_group) -> None:
-        import ray
-
-        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
-        ray.get(ray.get_actor(self.queue).watch.remote(self.controller, group))
 
     def after_controller_finish(self, result) -> None:
         self._let_go()

@@ -24,9 +24,10 @@ class TrialQueue:
     died) is handed its trial again, to resume it. A Ray actor, named, on the driver's node.
 
     It knows each running group's Ray Train controller, to end them all when the pool stops (a cluster
-    that can never fit a trial: sweep.ClusterWatch). It also removes the placement group of a group whose
-    controller died without ending its run (killed): such a placement group belongs to the job, not to the
-    controller, and would hold its CPUs or GPUs from the restarted group until the study ends. Ray Train
+    that can never fit a trial: sweep.ClusterWatch). It also removes the placement groups of a controller
+    that died without ending its run (killed), or that it ended: such a placement group belongs to the job,
+    not to the controller, and would hold its CPUs or GPUs from the restarted group until the study ends
+    (or, pending, take them once they are free). Ray Train
     starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
     asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
     cores, and up to a second more at the run's end. The pool's queue does it once the driver, whose call
@@ -70,7 +71,6 @@ class TrialQueue:
         self.adopted: dict[str, list[tuple[str, bytes]]] = {}  # {controller actor id: the warm workers taken}
         self.keeping: dict[str, set[str]] = {}  # {controller actor id: its adopted workers asking to be kept}
         self.spared: dict[str, set[str]] = {}  # {controller actor id: those its group's shutdown left alive}
-        self.watched: dict[str, object] = {}  # {controller actor id: its worker group's placement group}
         self.syncs = list(syncs)  # idle synchronization actors, (actor id, pickled handle, their arguments)
         self.adopted_syncs: dict[str, tuple[str, bytes, dict]] = {}  # {controller actor id: its group's}
         self.spared_syncs: set[str] = set()  # controllers whose group's clean end leaves its actor idle
@@ -107,14 +107,12 @@ class TrialQueue:
     def _end(self, controller: str) -> None:
         """Kill the controller, not abort it: one waiting for its worker group's resources blocks its event
         loop until Ray Train's start timeout, so its `abort` would wait as long. Its workers die with it;
-        its worker group's placement group is removed now, not by the watch, which ends with the pool."""
+        its placement groups are removed."""
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         ray.kill(ray.cloudpickle.loads(self.controllers.pop(controller)))
         self._kill_adopted(controller)
-        if (group := self.watched.pop(controller, None)) is not None:
-            remove_placement_group(group)
+        _remove_placement_groups(controller)
 
     def adopt(self, count: int, controller: str) -> list[bytes]:
         """`count` warm workers (pickled handles) for the worker group `controller` starts, or none if fewer
@@ -175,17 +173,11 @@ class TrialQueue:
             while actors(worker._actor_id.hex()).get("State") != "DEAD" and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def watch(self, controller: str, placement_group) -> None:
-        """Remove `placement_group` if the controller is `lost` before it `ended` (a controller that starts
-        another worker group registers that one's instead)."""
-        self.watched[controller] = placement_group
-
     def ended(self, controller: str) -> None:
         """A run has ended: Ray Train's own shutdown has killed its workers, adopted ones included, but for
         those it spared (`kept`), which are warm again, as is the synchronization actor of a group that ended
         cleanly."""
         self.controllers.pop(controller, None)
-        self.watched.pop(controller, None)
         self.keeping.pop(controller, None)
         spared = self.spared.pop(controller, set())
         self.warm[:0] = [worker for worker in self.adopted.pop(controller, []) if worker[0] in spared]
@@ -196,13 +188,9 @@ class TrialQueue:
         self._moved()
 
     def lost(self, controller: str) -> None:
-        """A run's controller died without ending its run: its worker group's placement group is removed,
-        and the warm workers it adopted are killed."""
-        from ray.util.placement_group import placement_group_table, remove_placement_group
-
-        if (group := self.watched.get(controller)) is not None:
-            if placement_group_table(group).get("state") not in (None, "REMOVED"):
-                remove_placement_group(group)
+        """A run's controller died without ending its run: its placement groups are removed, and the warm
+        workers it adopted are killed."""
+        _remove_placement_groups(controller)
         self._kill_adopted(controller)
         self.ended(controller)
 
@@ -319,6 +307,20 @@ class TrialQueue:
                 return self._results.pop(worker)
             finally:
                 self._busy.discard(worker)
+
+
+def _remove_placement_groups(controller: str) -> None:
+    """Remove the placement groups the Train controller `controller` (an actor id) created that are still
+    there, pending or placed. One killed while its worker group started had placed one and not yet started
+    the group: found by its creator, it holds no CPU for the rest of the study."""
+    from ray._private.state import state
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for raw in state._connect_and_get_accessor().get_placement_group_table():  # not public API: Ray 2.60's
+        group = PlacementGroupTableData.FromString(raw)
+        if group.creator_actor_id.hex() == controller and group.state != PlacementGroupTableData.REMOVED:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
 
 
 def queue_actor(relay: int):
