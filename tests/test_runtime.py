@@ -48,9 +48,11 @@ def test_a_task_worker_stays_for_the_next_task_while_trials_hold_every_cpu(ray_s
         return os.getpid()
 
     worker = psutil.Process(ray.get(pid.remote()))
-    held = placement_group([{"CPU": 1}] * int(ray.cluster_resources()["CPU"]))  # as worker groups hold them
+    free = int(ray.available_resources().get("CPU", 0))  # those a test before this one holds stay held
+    held = placement_group([{"CPU": 1}] * free)  # as worker groups hold them
     try:
         ray.get(held.ready(), timeout=120)
+        assert ray.available_resources().get("CPU", 0) == 0
         time.sleep(3)  # Ray's idle threshold is 1 s, and it looks for idle workers to end every 0.2 s
         assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
     finally:
