@@ -27,12 +27,12 @@ class TrialQueue:
     that can never fit a trial: sweep.ClusterWatch). It also removes the placement groups of a controller
     that died without ending its run (killed), or that it ended: such a placement group belongs to the job,
     not to the controller, and would hold its CPUs or GPUs from the restarted group until the study ends
-    (or, pending, take them once they are free). Ray Train
-    starts a detached actor per run for this (PlacementGroupCleanerCallback), a process of its own that
-    asks the dashboard about its controller every second: per worker group, seconds of a laptop's two
-    cores, and up to a second more at the run's end. The pool's queue does it once the driver, whose call
-    to the controller fails as it dies, says so (`lost`: see trainer.PackTrainer); where the driver dies,
-    the job's placement groups and actors go with it.
+    (or, pending, take them once they are free). Ray Train starts a detached actor per run for this
+    (PlacementGroupCleanerCallback), a process of its own that asks the dashboard about its controller
+    every second: per worker group, seconds of a laptop's two cores, and up to a second more at the run's
+    end. The pool's queue does it once the driver, whose call to the controller fails as it dies, says so
+    (`lost`: see trainer.PackTrainer); where the driver dies, the job's placement groups and actors go with
+    it.
 
     It hands out the Train workers the driver started ahead for its groups on rayb's private instance
     (trainer.start_warm_workers), and kills those a group adopted once that group's controller is gone:
