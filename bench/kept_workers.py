@@ -3,7 +3,7 @@ of a notebook or a sweep script), each group on the worker the last pool kept, a
 
 On rayb's private Ray a pool starts its groups' Train workers ahead and a group adopts them; a worker whose
 group ends cleanly, after rayb's own models only, is kept for the driver's next pool
-(trainer.keep_warm_workers), which then starts no process and imports nothing. Here one driver runs
+(kept.keep_warm_workers), which then starts no process and imports nothing. Here one driver runs
 one-trial pools of the smoke study's gpt2, alternately on the kept worker and, with the kept workers
 released first, on a new one; for each it prints the pool's wall and the group's time from the driver's
 request to the end of its trial's set-up, medians over the pools, and their ratio (kept / new).
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from rayb import runtime
     from rayb.data.pipeline import prepare_data
     from rayb.runner import plan_trials
-    from rayb.train.trainer import release_kept_workers
+    from rayb.train.kept import release_kept_workers
 
     with tempfile.TemporaryDirectory() as work:
         runtime.init_ray(ray_logs=Path(work) / "ray.log")  # the workers' output to Ray's log files

@@ -99,14 +99,14 @@ def ray_processes(actor_class: str) -> list:
 
 def train_worker_processes() -> list:
     """The processes of Ray Train's workers in the connected session (psutil.Process), for a test to kill:
-    all but the idle ones this driver keeps between its pools (train/trainer.keep_warm_workers)."""
+    all but the idle ones this driver keeps between its pools (train/kept.keep_warm_workers)."""
     idle = {a["Pid"] for a in session_actors("RayTrainWorker") if a["ActorID"] in kept_worker_ids()}
     return [p for p in ray_processes("RayTrainWorker") if p.pid not in idle]
 
 
 def kept_worker_ids() -> set[str]:
     """The actor ids of the idle Train workers this driver keeps between its pools."""
-    from rayb.train.trainer import kept_worker_ids
+    from rayb.train.kept import kept_worker_ids
 
     return kept_worker_ids()
 

@@ -33,8 +33,9 @@ from rayb import storage
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
+from rayb.train.kept import release_kept_workers
 from rayb.train.loop import METRICS, wanted_by
-from rayb.train.trainer import pack_trainer, release_kept_workers
+from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
 from rayb.tune.packs import worker_pool
 from rayb.tune.sweep import run_pool
@@ -397,7 +398,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
 
 def _started_ahead(before: set[bytes]) -> tuple[list, list]:
     """This job's Train workers started since `before` (their actor ids): those this driver owns (the pool's
-    warm workers, trainer.start_warm_workers) and those a Train controller started and owns."""
+    warm workers, kept.start_warm_workers) and those a Train controller started and owns."""
     import ray
 
     driver = ray.get_runtime_context().get_worker_id()

@@ -15,18 +15,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ray._private.ray_constants import env_float
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.constants import (
-    COLLECTIVE_TIMEOUT_S_ENV_VAR,
-    COLLECTIVE_WARN_INTERVAL_S_ENV_VAR,
-    DEFAULT_COLLECTIVE_TIMEOUT_S,
-    DEFAULT_COLLECTIVE_WARN_INTERVAL_S,
-    get_env_vars_to_propagate,
-)
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
 from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback
-from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2._internal.execution.worker_group import WorkerGroup
@@ -155,8 +147,8 @@ class InheritingWorkerGroup(WorkerGroup):
     runtime env and starts as any idle worker Ray keeps, or as a plain new process (see EnvController); a
     variable whose value differs from the inherited one (a setting changed after Ray started) still goes in
     the runtime env. With no runtime env for its workers, a CPU group adopts the Train workers its pool
-    started ahead, if its queue (`warm_from`) still has as many as it needs (start_warm_workers); and any
-    group adopts a synchronization actor the queue keeps idle (start_sync_actors)."""
+    started ahead, if its queue (`warm_from`) still has as many as it needs (kept.start_warm_workers); and
+    any group adopts a synchronization actor the queue keeps idle (kept.start_sync_actors)."""
 
     inherited: dict[str, str] = {}
     warm_from: str | None = None
@@ -270,7 +262,7 @@ class InheritingWorkerGroup(WorkerGroup):
 
 class RayTrainWorker(TrainWorker):
     """Ray Train's worker (named as Ray Train's, which Ray titles its process and lists its actor by) as the
-    pool starts it ahead of the worker group that adopts it (start_warm_workers): its process imports what
+    pool starts it ahead of the worker group that adopts it (kept.start_warm_workers): its process imports what
     a CPU worker imports once its group has started (torch, for Ray Train's torch functions, rayb's loop,
     DeepSpeed and transformers' modeling_utils) while the group's controller starts, which otherwise comes
     first, and leaves all of it out of its garbage collections (rayb.imports_frozen)."""
@@ -297,94 +289,6 @@ class RayTrainWorker(TrainWorker):
         context = get_train_context()
         context.checkpoint_upload_threadpool = ThreadPoolExecutor(max_workers=MAX_CHECKPOINT_UPLOAD_THREADS)
         context.report_order_condition = threading.Condition()
-
-
-# The idle actors this driver keeps between its pools (a study's rounds of seeds, the studies of a
-# notebook or a sweep script): warm Train workers, each of which has imported torch and DeepSpeed and kept a
-# process group of one; and worker groups' synchronization actors.
-_kept_workers: list = []
-_kept_sync_actors: list = []
-
-
-def _take_kept(kept: list, count: int) -> list:
-    """Up to `count` of the `kept` actors, alive or still starting (a pool that ended early leaves workers
-    still importing); one the GCS has dead, or does not know (a handle from an earlier Ray session), is
-    dropped."""
-    from ray._private.state import actors
-
-    live = [a for a in kept if actors(a._actor_id.hex()).get("State") not in (None, "DEAD")]
-    taken, kept[:] = live[:count], live[count:]
-    return taken
-
-
-def _keep(kept: list, actors: list) -> None:
-    """Keep the idle `actors` a pool leaves for this driver's next pool, up to one per core of their kind (an
-    idle actor holds a process's memory, no CPU); kill the rest."""
-    import ray
-
-    room = max(0, (os.cpu_count() or 1) - len(kept))
-    kept.extend(actors[:room])
-    for actor in actors[room:]:
-        ray.kill(actor)
-
-
-def start_warm_workers(count: int) -> list:
-    """`count` CPU Train workers for the pool's worker groups to adopt as they start (InheritingWorkerGroup):
-    those this driver kept from its last pool that are still alive (keep_warm_workers), and as many new ones
-    as that leaves. On rayb's private instance, a single node, where a group's workers have no runtime env.
-    Each holds no resources (the adopting group's placement group holds them), so none waits for CPUs."""
-    import ray
-
-    workers = _take_kept(_kept_workers, count)
-    actor = ray.remote(num_cpus=0)(RayTrainWorker)
-    return workers + [actor.remote() for _ in range(count - len(workers))]
-
-
-def start_sync_actors(count: int) -> list:
-    """`count` synchronization actors for the pool's worker groups to adopt as they start, one each
-    (InheritingWorkerGroup), with the arguments Ray Train's groups start theirs with (`sync_arguments`):
-    those this driver kept from its last pool, and as many new ones as that leaves. Each is Ray Train's own,
-    on this node (as Ray Train places its groups'), and one a group ends cleanly with goes on to the next."""
-    import ray
-
-    kept = _take_kept(_kept_sync_actors, count)
-    on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
-    new = SynchronizationActor.options(label_selector=on_this_node)
-    return kept + [new.remote(**sync_arguments()) for _ in range(count - len(kept))]
-
-
-def sync_arguments() -> dict[str, float | None]:
-    """What Ray Train's worker groups start their synchronization actor with (from the environment, as Ray
-    Train's WorkerGroup reads it)."""
-    return {
-        "timeout_s": env_float(COLLECTIVE_TIMEOUT_S_ENV_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S),
-        "warn_interval_s": env_float(COLLECTIVE_WARN_INTERVAL_S_ENV_VAR, DEFAULT_COLLECTIVE_WARN_INTERVAL_S),
-    }
-
-
-def release_kept_workers() -> None:
-    """Kill the idle actors this driver keeps between pools (the memory of their processes)."""
-    import ray
-
-    for actor in _kept_workers + _kept_sync_actors:
-        ray.kill(actor)
-    _kept_workers.clear()
-    _kept_sync_actors.clear()
-
-
-def keep_warm_workers(workers: list) -> None:
-    """Keep the idle warm workers a pool leaves for this driver's next pool (see _keep)."""
-    _keep(_kept_workers, workers)
-
-
-def keep_sync_actors(sync_actors: list) -> None:
-    """Keep the idle synchronization actors a pool leaves for this driver's next pool (see _keep)."""
-    _keep(_kept_sync_actors, sync_actors)
-
-
-def kept_worker_ids() -> set[str]:
-    """The actor ids of the idle warm workers this driver keeps between pools."""
-    return {w._actor_id.hex() for w in _kept_workers}
 
 
 class EnvController(TrainController):

@@ -35,7 +35,7 @@ class TrialQueue:
     it.
 
     It hands out the Train workers the driver started ahead for its groups on rayb's private instance
-    (trainer.start_warm_workers), and kills those a group adopted once that group's controller is gone:
+    (kept.start_warm_workers), and kills those a group adopted once that group's controller is gone:
     they are the driver's actors, not the controller's, and so do not die with it as its own workers would.
     A trial is handed on to a restarted group only once no such worker of an earlier run is left to train it.
     An adopted worker whose group finished cleanly and that ran only rayb's own code asks to be `kept`: its

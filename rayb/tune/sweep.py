@@ -4,8 +4,8 @@ The driver runs each group's trainer (train/trainer.py) on a thread of its own, 
 its `.fit()` starts the run's controller on the driver's node, whose workers take the study's trials from
 a queue shared by every group of their shape (group.TrialQueue) and train them one after another until it
 is empty. On rayb's private instance the pool starts its first groups' Train workers itself, before their
-controllers, which adopt them (trainer.start_warm_workers), and their synchronization actors
-(trainer.start_sync_actors); those that end cleanly go on to the pool's next group, or to the driver's next
+controllers, which adopt them (kept.start_warm_workers), and their synchronization actors
+(kept.start_sync_actors); those that end cleanly go on to the pool's next group, or to the driver's next
 pool. Results are not taken from Ray: every trial writes its own files (see `rayb.train.trial`), so a
 crashed study loses nothing and a rerun trains only unfinished trials.
 
@@ -28,15 +28,15 @@ from ray.train import TrainingFailedError
 
 from rayb import runtime, storage
 from rayb.report.status import write_cluster
-from rayb.train.spec import TrainSpec
-from rayb.train.trainer import (
+from rayb.train.kept import (
     keep_sync_actors,
     keep_warm_workers,
-    pack_trainer,
     start_sync_actors,
     start_warm_workers,
     sync_arguments,
 )
+from rayb.train.spec import TrainSpec
+from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRIAL_ERROR, TrialPack, TrialSpec
 from rayb.tune.group import queue_actor
 from rayb.tune.packs import one_node, unfittable
