@@ -111,6 +111,15 @@ def kept_worker_ids() -> set[str]:
     return kept_worker_ids()
 
 
+def controller_processes() -> list:
+    """The processes of Ray Train's controllers in the connected session (psutil.Process), for a test to kill:
+    all but the idle ones this driver keeps between its runs (train/kept.keep_controller)."""
+    from rayb.train.kept import kept_controller_ids
+
+    idle = {a["Pid"] for a in session_actors("EnvController") if a["ActorID"] in kept_controller_ids()}
+    return [p for p in ray_processes("EnvController") if p.pid not in idle]
+
+
 def session_actors(class_name: str | None = None) -> list[dict]:
     """The actors of the connected Ray session (of `class_name`, if given), dead ones included, as the GCS
     has them: ActorID, ActorClassName, State, Pid... (no dashboard needed)."""

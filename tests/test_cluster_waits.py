@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ray_processes, tiny_study_dict, train_worker_processes
+from conftest import controller_processes, ray_processes, tiny_study_dict, train_worker_processes
 
 from rayb.runner import plan_trials
 from rayb.study import parse_study
+from rayb.train.kept import release_kept_workers
 from rayb.train.trial import TrialPack
 from rayb.tune.sweep import run_pool
 
@@ -84,11 +85,13 @@ def test_a_worker_group_whose_controller_dies_is_started_again(tiny_cache, tmp_p
 
     pack, earlier = _pack(tiny_cache, tmp_path, 1), held()
     killed: list[int] = []
+    release_kept_workers()  # the group's controller is then a new one, not one this driver kept
+    ended = {p.pid for p in ray_processes("EnvController")}  # earlier runs', on their way out
 
     def kill_the_first_controller() -> None:
         deadline = time.monotonic() + 120
         while not killed and time.monotonic() < deadline:
-            for process in ray_processes("EnvController")[:1]:
+            for process in [p for p in ray_processes("EnvController") if p.pid not in ended][:1]:
                 process.kill()
                 killed.append(process.pid)
             time.sleep(0.05)
@@ -111,7 +114,7 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
         return {pg for pg, group in placement_group_table().items() if group["state"] != "REMOVED"}
 
     def left() -> list:
-        return ray_processes("EnvController") + train_worker_processes()
+        return controller_processes() + train_worker_processes()
 
     pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
     first, earlier = pack.trials[0].trial_dir, held()

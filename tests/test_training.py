@@ -33,7 +33,7 @@ from rayb import storage
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
 from rayb.study import Study, parse_study
-from rayb.train.kept import release_kept_workers
+from rayb.train.kept import kept_controller_ids, release_kept_workers, take_controller
 from rayb.train.loop import METRICS, wanted_by
 from rayb.train.trainer import pack_trainer
 from rayb.train.trial import TRAIN_DONE, TrialPack, TrialSpec, read_metrics
@@ -362,6 +362,7 @@ def test_a_killed_controller_leaves_no_placement_group_holding_its_cpus(runs, ti
     name, earlier = f"queue-{tmp_path.name}", held()
     queue = queue_actor(relay=4).options(name=name, num_cpus=0).remote({pack.queue: [trial.key]})
     died: list[Exception] = []
+    release_kept_workers()  # the run's controller is then a new one, not one this driver kept
     ended = {p.pid for p in ray_processes("EnvController")}  # earlier runs' controllers, on their way out
 
     def fit() -> None:
@@ -482,6 +483,44 @@ def test_worker_groups_adopt_the_drivers_synchronization_actor_pool_after_pool(t
     ]:
         assert time.time() < deadline, "release_kept_workers left the kept synchronization actor alive"
         time.sleep(0.2)
+
+
+def test_a_pools_run_is_controlled_by_the_controller_the_drivers_last_clean_run_left(
+    tiny_cache, tmp_path, monkeypatch
+):
+    """Ray Train starts a controller per run, a process that imports Ray Train. A run of the pool that ends
+    cleanly leaves its controller to the driver, and the next run, of the next pool here, is controlled by
+    the same process (trainer.EnvController.reset), from the environment that process started with: a Ray
+    Train setting the earlier run was handed is not the next run's."""
+    import os
+
+    import ray
+    from ray.train.v2._internal.constants import (
+        DEFAULT_HEALTH_CHECK_INTERVAL_S,
+        HEALTH_CHECK_INTERVAL_S_ENV_VAR,
+    )
+
+    setting = HEALTH_CHECK_INTERVAL_S_ENV_VAR
+    release_kept_workers()
+    trials = plan_trials(parse_study(tiny_study_dict(seeds=[5, 6])), tiny_cache, tmp_path)
+    first, second = [t for t in trials if t.arch == "gpt2"]
+    before = {a["ActorID"] for a in session_actors("EnvController")}
+    monkeypatch.setenv(setting, "0.4")
+    assert run_pool(worker_pool([first], slots=1, cores=1), 1) == {} and first.done
+    (controller,) = kept_controller_ids()
+    monkeypatch.undo()
+    assert run_pool(worker_pool([second], slots=1, cores=1), 1) == {} and second.done
+    assert [a["ActorID"] for a in session_actors("EnvController") if a["ActorID"] not in before] == [
+        controller
+    ]
+    handle = take_controller()
+    try:
+        seen = ray.get(
+            handle.__ray_call__.remote(lambda c: (os.environ.get(setting), c._health_check_interval_s))
+        )
+    finally:
+        ray.kill(handle)
+    assert seen == (None, DEFAULT_HEALTH_CHECK_INTERVAL_S)  # not the earlier run's interval
 
 
 def test_a_trials_checkpoints_and_its_groups_end_wait_for_no_poll_of_ray_trains(

@@ -1,12 +1,15 @@
 """The actors a driver starts ahead of its pools' worker groups on rayb's private instance, and keeps between
 its pools (a study's rounds of seeds; the studies of a notebook, a sweep script or the test suite): warm
 Train workers (trainer.RayTrainWorker), which the groups adopt instead of starting their own
-(trainer.InheritingWorkerGroup), and the groups' synchronization actors, one each. Driver-side only: Ray
-Train's controller, which unpickles train/trainer.py, never imports this module."""
+(trainer.InheritingWorkerGroup), and the groups' synchronization actors, one each. It also keeps the
+Train controllers of the pools' runs that finished cleanly, on any cluster, for its next runs
+(trainer.PackTrainer). Driver-side only: Ray Train's controller, which unpickles train/trainer.py, never
+imports this module."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 from ray._private.ray_constants import env_float
 from ray.train.v2._internal.constants import (
@@ -24,6 +27,10 @@ from rayb.train.trainer import RayTrainWorker
 # process group of one; and worker groups' synchronization actors.
 _kept_workers: list = []
 _kept_sync_actors: list = []
+# And Train controllers (trainer.EnvController), which the pool's groups, each on a thread of its own, take
+# and give back as their runs start and end.
+_kept_controllers: list = []
+_controllers_lock = threading.Lock()
 
 
 def _take_kept(kept: list, count: int) -> list:
@@ -39,7 +46,8 @@ def _take_kept(kept: list, count: int) -> list:
 
 def _keep(kept: list, actors: list) -> None:
     """Keep the idle `actors` a pool leaves for this driver's next pool, up to one per core of their kind (an
-    idle actor holds a process's memory, no CPU); kill the rest."""
+    idle actor holds a process's memory, no CPU, and takes about 1% of a core: Ray's task loop wakes every
+    10 ms to check for signals); kill the rest."""
     import ray
 
     room = max(0, (os.cpu_count() or 1) - len(kept))
@@ -82,14 +90,30 @@ def sync_arguments() -> dict[str, float | None]:
     }
 
 
+def take_controller():
+    """An idle Train controller this driver kept from a run that finished cleanly (keep_controller), or None."""
+    with _controllers_lock:
+        taken = _take_kept(_kept_controllers, 1)
+    return taken[0] if taken else None
+
+
+def keep_controller(controller) -> None:
+    """Keep the controller of a run of the pool that finished cleanly, for this driver's next run (see
+    _keep)."""
+    with _controllers_lock:
+        _keep(_kept_controllers, [controller])
+
+
 def release_kept_workers() -> None:
     """Kill the idle actors this driver keeps between pools (the memory of their processes)."""
     import ray
 
-    for actor in _kept_workers + _kept_sync_actors:
-        ray.kill(actor)
-    _kept_workers.clear()
-    _kept_sync_actors.clear()
+    with _controllers_lock:
+        for actor in _kept_workers + _kept_sync_actors + _kept_controllers:
+            ray.kill(actor)
+        _kept_workers.clear()
+        _kept_sync_actors.clear()
+        _kept_controllers.clear()
 
 
 def keep_warm_workers(workers: list) -> None:
@@ -105,3 +129,9 @@ def keep_sync_actors(sync_actors: list) -> None:
 def kept_worker_ids() -> set[str]:
     """The actor ids of the idle warm workers this driver keeps between pools."""
     return {w._actor_id.hex() for w in _kept_workers}
+
+
+def kept_controller_ids() -> set[str]:
+    """The actor ids of the idle Train controllers this driver keeps between runs."""
+    with _controllers_lock:
+        return {c._actor_id.hex() for c in _kept_controllers}
