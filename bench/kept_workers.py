@@ -1,12 +1,14 @@
-"""What a kept Train worker saves: a driver's pools one after another (a study's rounds of seeds, the studies
-of a notebook or a sweep script), each group on the worker the last pool kept, against each on a new one.
+"""What the actors a driver keeps save: its pools one after another (a study's rounds of seeds, the studies
+of a notebook or a sweep script), each group on the Train worker, synchronization actor and Train
+controller the last pool kept, against each on new ones.
 
-On rayb's private Ray a pool starts its groups' Train workers ahead and a group adopts them; a worker whose
-group ends cleanly, after rayb's own models only, is kept for the driver's next pool
-(kept.keep_warm_workers), which then starts no process and imports nothing. Here one driver runs
-one-trial pools of the smoke study's gpt2, alternately on the kept worker and, with the kept workers
-released first, on a new one; for each it prints the pool's wall and the group's time from the driver's
-request to the end of its trial's set-up, medians over the pools, and their ratio (kept / new).
+On rayb's private Ray a pool starts its groups' Train workers and synchronization actors ahead and a group
+adopts them; a worker whose group ends cleanly, after rayb's own models only, is kept for the driver's
+next pool (kept.keep_warm_workers), which then starts no process and imports nothing; so are the group's
+synchronization actor and its run's controller (kept.keep_controller). Here one driver runs one-trial
+pools of the smoke study's gpt2, alternately on the kept actors and, with them released first, on new
+ones; for each it prints the pool's wall and the group's time from the driver's request to the end of its
+trial's set-up, medians over the pools, and their ratio (kept / new).
 
     python bench/kept_workers.py               # 4 pools each way (about 2 minutes on 2 cores)
     python bench/kept_workers.py --pools 8
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 release_kept_workers()
             runs[kind].append(pool(trial))
             print(
-                f"pool {i + 1} ({kind} worker): "
+                f"pool {i + 1} ({kind} actors): "
                 + ", ".join(f"{k} {v:.1f} s" for k, v in runs[kind][-1].items())
             )
     print(f"\nmedians over {args.pools} pools each (s)        new   kept  kept/new")
