@@ -100,15 +100,7 @@ def ray_processes(actor_class: str) -> list:
 def train_worker_processes() -> list:
     """The processes of Ray Train's workers in the connected session (psutil.Process), for a test to kill:
     all but the idle ones this driver keeps between its pools (train/kept.keep_warm_workers)."""
-    idle = {a["Pid"] for a in session_actors("RayTrainWorker") if a["ActorID"] in kept_worker_ids()}
-    return [p for p in ray_processes("RayTrainWorker") if p.pid not in idle]
-
-
-def kept_worker_ids() -> set[str]:
-    """The actor ids of the idle Train workers this driver keeps between its pools."""
-    from rayb.train.kept import kept_worker_ids
-
-    return kept_worker_ids()
+    return _unkept_processes("RayTrainWorker", kept_worker_ids())
 
 
 def controller_processes() -> list:
@@ -116,8 +108,19 @@ def controller_processes() -> list:
     all but the idle ones this driver keeps between its runs (train/kept.keep_controller)."""
     from rayb.train.kept import kept_controller_ids
 
-    idle = {a["Pid"] for a in session_actors("EnvController") if a["ActorID"] in kept_controller_ids()}
-    return [p for p in ray_processes("EnvController") if p.pid not in idle]
+    return _unkept_processes("EnvController", kept_controller_ids())
+
+
+def _unkept_processes(actor_class: str, kept_ids: set[str]) -> list:
+    idle = {a["Pid"] for a in session_actors(actor_class) if a["ActorID"] in kept_ids}
+    return [p for p in ray_processes(actor_class) if p.pid not in idle]
+
+
+def kept_worker_ids() -> set[str]:
+    """The actor ids of the idle Train workers this driver keeps between its pools."""
+    from rayb.train.kept import kept_worker_ids
+
+    return kept_worker_ids()
 
 
 def session_actors(class_name: str | None = None) -> list[dict]:

@@ -312,11 +312,8 @@ class EnvController(TrainController):
     def __init__(
         self, env_vars: dict[str, str], workers_inherit: bool, warm_from: str | None = None, **kwargs
     ):
-        # Each run starts from the environment this process started with (every worker's too): a setting an
-        # earlier run of a reused controller was handed is not this run's.
+        # The environment this process started with, every worker's too (a reset keeps the first one's).
         self._started_with = getattr(self, "_started_with", None) or dict(os.environ)
-        os.environ.clear()
-        os.environ.update(self._started_with)
         if workers_inherit:
             self.worker_group_cls = type(
                 "InheritingWorkerGroup",
@@ -332,7 +329,10 @@ class EnvController(TrainController):
         self, env_vars: dict[str, str], workers_inherit: bool, warm_from: str | None = None, **kwargs
     ) -> None:
         """Make this controller, whose last run finished cleanly, the controller of a new run, as a new one
-        would start it (Ray Train's controller keeps all of a run's state in what its constructor sets)."""
+        would start it (Ray Train's controller keeps all of a run's state in what its constructor sets), from
+        the environment its process started with: a setting the earlier run was handed is not this run's."""
+        os.environ.clear()
+        os.environ.update(self._started_with)
         self.__init__(env_vars, workers_inherit, warm_from, **kwargs)
 
     def _shutdown_worker_group(self):
