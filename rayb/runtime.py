@@ -77,7 +77,7 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
     #   10-13 (2 cores). Twice the CPUs keeps up to one idle worker per core, as many as rayb's tasks use
     #   at once; they end with the driver.
     os.environ.setdefault("RAY_num_workers_soft_limit", str(2 * (os.cpu_count() or 1)))
-    with _without_unused_monitors(log_to_driver=quiet["log_to_driver"]):
+    with _without_unused_processes(log_to_driver=quiet["log_to_driver"], dashboard=dashboard):
         context = ray.init(
             # A new instance, not Ray's default: that joins the cluster a `ray start` on this machine last
             # started, where one has left its address, and fails there on the settings below.
@@ -101,28 +101,36 @@ def init_ray(ray_logs: Path | None = None, dashboard: bool = False) -> str | Non
 
 
 @contextmanager
-def _without_unused_monitors(log_to_driver: bool) -> Iterator[None]:
-    """Within, Ray starts a local instance without two processes a private one has no use for: the
-    autoscaler's monitor (no autoscaler serves one fixed node: `capacity` reads it as fixed without a
-    monitor too) and, where the workers' output goes to files rather than this terminal, the log monitor
-    that streams it to the driver. Each is a Python process that took about a CPU-second of Ray's start on
-    2 cores (Ray's start: 6.1 s and 8.6 CPU-seconds with them, 5.1 s and 6.3 without, medians of five
-    interleaved pairs) and polls on through the study; and at exit Ray's shutdown gave the monitor its
-    whole second to stop. `ray start` has flags for both (--no-monitor, --include-log-monitor); ray.init
-    has none, so rayb sets them on the RayParams ray.init builds (not public API: Ray 2.60's)."""
-    from ray._private import parameter
+def _without_unused_processes(log_to_driver: bool, dashboard: bool) -> Iterator[None]:
+    """Within, Ray starts a local instance without the processes a private one has no use for:
+    - the autoscaler's monitor (no autoscaler serves one fixed node: `capacity` reads it as fixed without a
+      monitor too);
+    - where the workers' output goes to files rather than this terminal, the log monitor that streams it
+      to the driver;
+    - without `dashboard`, the dashboard's head process. Ray starts it even with include_dashboard=False,
+      then loading only its usage-stats module (no job or State API), and ray.init waits until it has
+      written its address.
+    The monitors are Python processes that took about a CPU-second of Ray's start each on 2 cores (Ray's
+    start: 6.1 s and 8.6 CPU-seconds with them, 5.1 s and 6.3 without, medians of five interleaved pairs),
+    polling on through the study; at exit Ray's shutdown gave the monitor its whole second to stop. The
+    dashboard's head took 0.9-1.0 CPU-seconds. `ray start` has flags for the monitors (--no-monitor,
+    --include-log-monitor); ray.init has none, and nothing skips the dashboard's head, so rayb sets the
+    flags on the RayParams ray.init builds and skips Node.start_api_server (not public API: Ray 2.60's)."""
+    from ray._private import node, parameter
 
-    original = parameter.RayParams.__init__
+    original_params, original_api_server = parameter.RayParams.__init__, node.Node.start_api_server
 
     def without_monitors(params, *args, **kwargs) -> None:
-        original(params, *args, **kwargs)
+        original_params(params, *args, **kwargs)
         params.no_monitor, params.include_log_monitor = True, log_to_driver
 
     parameter.RayParams.__init__ = without_monitors
+    if not dashboard:
+        node.Node.start_api_server = lambda self, **kwargs: None
     try:
         yield
     finally:
-        parameter.RayParams.__init__ = original
+        parameter.RayParams.__init__, node.Node.start_api_server = original_params, original_api_server
 
 
 DRIVER_LOG_HANDLER = "rayb-driver-log"  # the name of the handler `_quiet_driver` gives Ray's loggers

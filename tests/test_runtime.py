@@ -86,11 +86,15 @@ def test_a_gpu_study_on_the_shipped_clusters_waits_for_the_gpu_nodes_their_autos
 
 
 def test_a_local_instance_runs_a_dashboard_only_when_asked(ray_session):
-    """`rayb run` starts no dashboard (about 1.5 s of a laptop's start, and its CPU through the study);
-    `rayb run --dashboard` starts one that answers on the address rayb prints."""
+    """`rayb run` starts no dashboard (about 1.5 s of a laptop's start, and its CPU through the study), not
+    even the head process Ray starts without one (0.8 s of Ray's start on 2 cores); `rayb run --dashboard`
+    starts one that answers on the address rayb prints."""
     import ray
+    from ray._private.ray_constants import PROCESS_TYPE_DASHBOARD
 
-    assert not ray._private.worker.get_dashboard_url()  # the suite's instance, started as `rayb run` does
+    # The suite's instance, started as `rayb run` does.
+    assert not ray._private.worker.get_dashboard_url()
+    assert PROCESS_TYPE_DASHBOARD not in ray._private.worker._global_node.all_processes
     asked = (
         "import json, urllib.request; from rayb.runtime import init_ray; url = init_ray(dashboard=True); "
         "print(json.loads(urllib.request.urlopen(f'http://{url}/api/version', timeout=60).read())['ray_version'])"
