@@ -195,7 +195,7 @@ def run_study(
     from rayb.report.provenance import PROVENANCE_NAME, collect
     from rayb.report.status import write_trials
     from rayb.train.trainer import start_train_services
-    from rayb.tune.sweep import queue_name, run_pool
+    from rayb.tune.sweep import queue_name, run_pool, start_first_group_ahead
 
     began = time.perf_counter()
     out = storage.resolve(output or study.output_dir)
@@ -212,6 +212,8 @@ def run_study(
         )
         if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
             log(f"Ray's dashboard: http://{url}")
+        if not eval_only and _may_train(study, out):
+            start_first_group_ahead(study.train)
         if imports:
             imports.join()
         if not ray_logs:
@@ -325,6 +327,20 @@ def run_study(
         outcome.archive_error = _archive(out, study_local, wanted, archive_uri, log) if archive_uri else None
         outcome.trained, outcome.wall_s = trained, time.perf_counter() - began
         return outcome
+
+
+def _may_train(study: Study, out: Path | str) -> bool:
+    """Whether the study may have trials to train, told before its data is prepared and its trials planned
+    (their keys name its token cache): `out` holds fewer finished trials than it has trained ones. Trials
+    that other studies finished there can make it say no where trials are left: their workers then start
+    with the pool, as they would without this."""
+    wanted = len(study.trained_models) * len(study.train.lr) * len(study.seeds)
+    trials, finished = storage.join(out, "trials"), 0
+    for name in storage.listdir(trials):
+        finished += storage.exists(storage.join(trials, name, TRAIN_DONE))
+        if finished >= wanted:
+            return False
+    return wanted > 0
 
 
 def _pusher(study_dir: str):

@@ -458,6 +458,38 @@ def test_a_pools_warm_worker_trains_the_next_pools_group_and_no_other_outlives_i
     assert [a.state for a in job_actors("RayTrainWorker") if a.actor_id == warm.actor_id] == [dead]
 
 
+def test_a_studys_first_worker_starts_before_its_data_is_prepared_and_a_finished_study_starts_none(
+    ray_session, tmp_path, monkeypatch
+):
+    """A study that has trials to train starts its pool's first Train worker as soon as Ray is up, ahead of
+    its data, self-checks and planning (sweep.start_first_group_ahead): the pool's group adopts that worker
+    and trains on it. Run again, with every trial finished, it starts none."""
+    import rayb.data.pipeline
+    from rayb.runner import run_study
+
+    prepare, seen = rayb.data.pipeline.prepare_data, []
+
+    def preparing(*args, **kwargs):
+        seen.append(kept_worker_ids())
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(rayb.data.pipeline, "prepare_data", preparing)
+    raw = tiny_study_dict(seeds=[0])
+    raw["models"] = [m for m in raw["models"] if m["arch"] == "gpt2"]
+    study = parse_study(raw)
+    release_kept_workers()
+    before = {a.actor_id for a in job_actors("RayTrainWorker")}
+    assert run_study(study, tmp_path, log=lambda _: None, ray_logs=False).trained == 1
+    (ahead,) = seen.pop()  # started before the data
+    # The only Train worker the study started, kept once its group of one ended cleanly.
+    assert [a.actor_id.hex() for a in job_actors("RayTrainWorker") if a.actor_id not in before] == [ahead]
+    assert kept_worker_ids() == {ahead}
+
+    release_kept_workers()
+    assert run_study(study, tmp_path, log=lambda _: None, ray_logs=False).trained == 0
+    assert seen == [set()] and not kept_worker_ids()
+
+
 def test_worker_groups_adopt_the_drivers_synchronization_actor_pool_after_pool(tiny_cache, tmp_path):
     """Ray Train starts a synchronization actor per worker group, a process of its own. On rayb's private
     instance the pool's groups adopt the driver's instead (trainer.InheritingWorkerGroup): a group that ends

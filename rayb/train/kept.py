@@ -59,13 +59,28 @@ def _keep(kept: list, actors: list) -> None:
 def start_warm_workers(count: int) -> list:
     """`count` CPU Train workers for the pool's worker groups to adopt as they start (InheritingWorkerGroup):
     those this driver kept from its last pool that are still alive (keep_warm_workers), and as many new ones
-    as that leaves. On rayb's private instance, a single node, where a group's workers have no runtime env.
-    Each holds no resources (the adopting group's placement group holds them), so none waits for CPUs."""
+    as that leaves (_new_workers). On rayb's private instance, a single node, where a group's workers have no
+    runtime env."""
+    workers = _take_kept(_kept_workers, count)
+    return workers + _new_workers(count - len(workers))
+
+
+def start_workers_ahead(count: int) -> None:
+    """Have `count` warm workers kept for this driver's next pool, alive or starting: those it keeps, and as
+    many new ones as that leaves, which start now. For a driver about to prepare a study's data, check its
+    models and plan its trials before its pool starts: a worker's start (its process, and importing torch,
+    DeepSpeed and transformers: 5-6 CPU-seconds) then overlaps that work instead of following it."""
+    live = _take_kept(_kept_workers, len(_kept_workers))
+    _kept_workers[:] = live + _new_workers(count - len(live))
+
+
+def _new_workers(count: int) -> list:
+    """`count` new warm workers. Each holds no resources (the adopting group's placement group holds them),
+    so none waits for CPUs."""
     import ray
 
-    workers = _take_kept(_kept_workers, count)
     actor = ray.remote(num_cpus=0)(RayTrainWorker)
-    return workers + [actor.remote() for _ in range(count - len(workers))]
+    return [actor.remote() for _ in range(count)]
 
 
 def start_sync_actors(count: int) -> list:

@@ -33,6 +33,7 @@ from rayb.train.kept import (
     keep_warm_workers,
     start_sync_actors,
     start_warm_workers,
+    start_workers_ahead,
     sync_arguments,
 )
 from rayb.train.spec import TrainSpec
@@ -72,6 +73,20 @@ class ClusterWatch:
             self._said = what
 
 
+def _starts_workers_ahead(train: TrainSpec) -> bool:
+    """Whether a pool starts its groups' Train workers itself, ahead of their controllers: on rayb's private
+    instance (which no autoscaler serves), for CPU groups."""
+    return runtime.private_instance() and not train.use_gpu
+
+
+def start_first_group_ahead(train: TrainSpec) -> None:
+    """Where a pool starts its groups' workers itself, start its first group's now (kept.
+    start_workers_ahead), for the driver's next pool: a study's, once its data is prepared, its models
+    checked and its trials planned."""
+    if _starts_workers_ahead(train):
+        start_workers_ahead(train.num_workers)
+
+
 def queue_name() -> str:
     """A name for a pool's TrialQueue actor, unique on the cluster."""
     return f"rayb-trials-{uuid.uuid4().hex[:12]}"
@@ -92,9 +107,10 @@ def run_pool(
     train = groups[0].train
     requests_resources = not runtime.private_instance()  # which no autoscaler serves
     # The first groups' workers and synchronization actors, started now (or kept from this driver's last
-    # pool): the workers import while the groups' controllers start.
+    # pool, or started ahead of it: start_first_group_ahead): the workers import while the groups'
+    # controllers start.
     at_once = min(max_concurrent, len(groups))
-    ahead = not (requests_resources or train.use_gpu)
+    ahead = _starts_workers_ahead(train)
     warm = start_warm_workers(at_once * train.num_workers) if ahead else []
     syncs = start_sync_actors(at_once) if ahead else []
     arguments = sync_arguments()
