@@ -143,7 +143,11 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.total = 0.0
-        self._seen: dict[tuple[int, float], tuple[str, float]] = {}  # (pid, start) -> (kind, CPU so far)
+        # By pid, not by pid and start time: psutil's start time moves with the system clock (a VM's clock
+        # stepped mid-run counted a 10-seed run's Train workers three times over). A pid whose CPU goes down
+        # is a new process's: the ended one's goes to `_ended`.
+        self._seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU so far)
+        self._ended: list[tuple[str, float]] = []
 
     @contextlib.contextmanager
     def watch(self, process: subprocess.Popen):
@@ -160,7 +164,7 @@ class CpuMeter:
     def split(self) -> dict[str, float]:
         """Core-seconds by kind of process, and what the samples did not see of the machine's total."""
         kinds: dict[str, float] = {}
-        for kind, cpu in self._seen.values():
+        for kind, cpu in [*self._seen.values(), *self._ended]:
             kinds[kind] = kinds.get(kind, 0.0) + cpu
         return kinds | {UNSEEN: self.total - sum(kinds.values())}
 
@@ -174,13 +178,16 @@ class CpuMeter:
                 try:
                     with proc.oneshot():
                         title, times = (proc.cmdline() or [""])[0], proc.cpu_times()
-                        key = (proc.pid, proc.create_time())
                 except psutil.Error:  # it ended since the tree was read
                     continue
+                cpu, last = times.user + times.system, self._seen.get(proc.pid)
+                if last is not None and cpu < last[1]:
+                    self._ended.append(last)
+                    last = None
                 kind = DRIVER if proc is root else PROCESS_KINDS.get(title.split(".")[0], RAY_OWN)
-                if kind == RAY_OWN and key in self._seen:  # an actor's process keeps its kind as it ends
-                    kind = self._seen[key][0]
-                self._seen[key] = (kind, times.user + times.system)
+                if kind == RAY_OWN and last is not None:  # an actor's process keeps its kind as it ends
+                    kind = last[0]
+                self._seen[proc.pid] = (kind, cpu)
 
 
 def _busy_s() -> float:

@@ -27,7 +27,10 @@ def test_it_refuses_a_working_directory_an_earlier_run_left(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seeds1-0"]  # nothing was started or written
 
 
-def test_the_cpu_meter_splits_a_run_by_the_kind_of_each_process(tmp_path):
+def test_the_cpu_meter_splits_a_run_by_the_kind_of_each_process(tmp_path, monkeypatch):
+    # A process's start time as psutil gives it moves with the system clock (boot time plus ticks since):
+    # here it moves at every read, and still each process counts once.
+    monkeypatch.setattr(overhead.psutil.Process, "create_time", lambda self: overhead.time.time())
     burn = tmp_path / "burn.py"
     burn.write_text(BURN)
     # A driver that starts a process titled as Ray titles a Train worker's (`exec -a` sets its argv[0]),
