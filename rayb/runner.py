@@ -212,8 +212,8 @@ def run_study(
         )
         if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
             log(f"Ray's dashboard: http://{url}")
-        if not eval_only and _may_train(study, out):
-            start_first_group_ahead(study.train)
+        if not eval_only:
+            start_first_group_ahead(study.train, trials_left=lambda: _may_train(study, out))
         if imports:
             imports.join()
         if not ray_logs:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import traceback
 import uuid
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import ray
@@ -79,11 +80,11 @@ def _starts_workers_ahead(train: TrainSpec) -> bool:
     return runtime.private_instance() and not train.use_gpu
 
 
-def start_first_group_ahead(train: TrainSpec) -> None:
-    """Where a pool starts its groups' workers itself, start its first group's now (kept.
-    start_workers_ahead), for the driver's next pool: a study's, once its data is prepared, its models
-    checked and its trials planned."""
-    if _starts_workers_ahead(train):
+def start_first_group_ahead(train: TrainSpec, trials_left: Callable[[], bool]) -> None:
+    """Where a pool starts its groups' workers itself, and `trials_left()` (asked only there), start its
+    first group's now (kept.start_workers_ahead), for the driver's next pool: a study's, once its data is
+    prepared, its models checked and its trials planned."""
+    if _starts_workers_ahead(train) and trials_left():
         start_workers_ahead(train.num_workers)
 
 
