@@ -10,11 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import controller_processes, ray_processes, tiny_study_dict, train_worker_processes
+from conftest import (
+    controller_processes,
+    ray_processes,
+    session_actors,
+    tiny_study_dict,
+    train_worker_processes,
+)
 
 from rayb.runner import plan_trials
 from rayb.study import parse_study
-from rayb.train.kept import release_kept_workers
+from rayb.train.kept import kept_controller_ids, release_kept_workers
 from rayb.train.trial import TrialPack
 from rayb.tune.sweep import run_pool
 
@@ -116,8 +122,18 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
     def left() -> list:
         return controller_processes() + train_worker_processes()
 
+    def leftovers() -> str:
+        """Which actors outlived the Ctrl-C, and whether each was a controller kept before the run."""
+        pids = {p.pid for p in left()}
+        actors = session_actors("EnvController") + session_actors("RayTrainWorker")
+        return "; ".join(
+            f"{a['ActorClassName']} {a['ActorID']} pid {a['Pid']} {a['State']}"
+            + (" (kept before the run)" if a["ActorID"] in kept_before else "")
+            for a in actors if a["Pid"] in pids
+        )  # fmt: skip
+
     pack = _pack(tiny_cache, tmp_path, 1, seeds=(0, 1))  # two trials: the second cannot end before Ctrl-C
-    first, earlier = pack.trials[0].trial_dir, held()
+    first, earlier, kept_before = pack.trials[0].trial_dir, held(), kept_controller_ids()
 
     def interrupt_once_it_trains() -> None:
         deadline = time.monotonic() + 120
@@ -138,5 +154,5 @@ def test_ctrl_c_ends_the_pools_runs_and_frees_their_cpus(tiny_cache, tmp_path):
     assert not held() - earlier
     deadline = time.monotonic() + 10
     while left():
-        assert time.monotonic() < deadline, left()
+        assert time.monotonic() < deadline, leftovers()
         time.sleep(0.2)
