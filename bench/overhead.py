@@ -143,9 +143,10 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.total = 0.0
-        # By pid, not by pid and start time: psutil's start time moves with the system clock (a VM's clock
-        # stepped mid-run counted a 10-seed run's Train workers three times over). A pid whose CPU goes down
-        # is a new process's: the ended one's goes to `_ended`.
+        # By pid, not by pid and start time: psutil's start time is boot time plus ticks and may move with
+        # the system clock, so one process could be counted under several keys (a 10-seed run once counted
+        # its Train workers about three times over). A pid whose CPU goes down is a new process's: the ended
+        # one's goes to `_ended`.
         self._seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU so far)
         self._ended: list[tuple[str, float]] = []
 
