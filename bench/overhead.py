@@ -7,9 +7,9 @@ study's gpt2 with only the `lm` suite, for 1, 3 and 10 seeds, from a token cache
 preparation is timed on its own, from nothing). For each, a timeline splits rayb's critical path: the
 process's own start and imports, Ray's start, data, self-checks and planning, then the worker group that
 finished last (its start: until its worker's process exists, joining the process group, the rest; its
-imports, each trial's set-up, training steps, checkpoints and validation, saving, and what Ray Train
-spent around them: passing between trials, ending the group), the evaluation left after training, the
-report, and the exit (Ray's shutdown). Beside the walls, each loop's median optimizer step, in its own run:
+imports, each trial's set-up, training steps, checkpoints and validation, saving, the trials' evaluations
+its worker ran once it had none left to train, and what Ray Train spent around them: passing between
+trials, ending the group), the evaluation left after training, the report, and the exit (Ray's shutdown). Beside the walls, each loop's median optimizer step, in its own run:
 a step's cost is paid again by every trial, whatever the fixed costs, and a slope between two whole runs
 (the cost of one more trial, below) moves with the machine's drift from one run to the next, which the
 step's ratio, measured within runs, does not. The stack's floor (FLOOR below) is timed too: what a run on Ray
@@ -30,9 +30,9 @@ the plain loop run one after the other N times for each seed count; the table sh
 timeline is that of the median rayb run) and the median of the pairs' ratios, each pair's ratio below.
 
 Targets (issue 35): 1 seed ≤ 1.5×, 3 seeds ≤ 1.3×, 10 seeds ≤ 1.15× the plain loop; one more trial
-costs ≤ 1.1× the plain loop's time for it; a study's fixed cost ≤ 15 s (both from the two largest seed
-counts: the slope and the intercept of wall time against trials; and, less moved by one run's drift,
-each run's critical path less what its trials repeat). Data preparation ≤ 15 s; the smoke
+costs ≤ 1.1× the plain loop's time for it; a study's fixed cost ≤ 15 s (the slope and the intercept of
+wall time against trials, through two seed counts that trained the same number of worker groups at once;
+and, less moved by one run's drift, each run's critical path less what its trials repeat). Data preparation ≤ 15 s; the smoke
 study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op, rayb's fused Mamba scan) are
 done and timed first, and printed apart.
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -219,9 +220,20 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
     timings = study_dir / "timings.json"  # written as the report ends: what follows it is the exit
     stages = json.loads(timings.read_text())
     groups = stages.pop("groups_at_once")
+    training_ended = timings.stat().st_mtime - stages["report_s"] - stages["evaluation_after_training_s"]
     return {"wall_s": wall, "study_dir": study_dir, "trials": trials, "stages": stages, "groups": groups,
+            "drained_evaluation_s": drained_evaluation_s(out, training_ended),
             "exit_s": ended - timings.stat().st_mtime,
             "cpu": meter.total, "cpu_split": meter.split()}  # fmt: skip
+
+
+def drained_evaluation_s(out: Path, training_ended: float) -> float:
+    """How long the training stage went on evaluating after its last trial ended: each trial's evaluation,
+    which a group training on every core leaves to its worker once the group has no trial left (eval/
+    feed.py), so that one group evaluates all of its trials at its end. Per-trial work, on the critical path."""
+    trained = max(p.stat().st_mtime for p in out.glob("trials/*/train_result.json"))
+    evaluated = [p.stat().st_mtime for p in out.glob("trials/*/eval/*.json")]
+    return max(0.0, max((t for t in evaluated if t <= training_ended), default=trained) - trained)
 
 
 def plain_loop(study_dir: Path, threads: int) -> dict:
@@ -266,6 +278,7 @@ def timeline(run: dict) -> dict[str, float]:
         "checkpoints, validation": spent(last, "checkpoint_s") + spent(last, "validation_s"),
         "saving the model": spent(last, "save_model_s"),
     }
+    path["evaluation on drained workers"] = run["drained_evaluation_s"]
     # The rest of the training stage: Train passing from one trial to the next, and ending the group after
     # its last trial.
     path["Train around trials"] = stages["training_s"] - sum(list(path.values())[4:])
@@ -276,9 +289,10 @@ def timeline(run: dict) -> dict[str, float]:
 
 
 # The timeline's parts that every trial adds to; the rest of the critical path is the study's fixed cost.
-# set_up and Train's passing from one trial to the next count as fixed: a group's first set_up (its
-# imports) dwarfs the later ones, about 0.2 s each, which the fixed cost so overstates.
-PER_TRIAL = ("training steps", "checkpoints, validation", "saving the model")
+# set_up and what Train spends around the trials count as fixed: a group's first set_up dwarfs the later
+# ones (0.03 s each on 2 cores), and a group passed from one trial to the next in 3 ms; the rest of it is
+# the group's end.
+PER_TRIAL = ("training steps", "checkpoints, validation", "saving the model", "evaluation on drained workers")
 
 
 def _fixed_s(path: dict[str, float]) -> float:
@@ -293,7 +307,7 @@ def _trial_s(trial: dict) -> float:
 def report(repeats: dict[int, list[tuple[dict, dict]]], cores: int) -> None:
     """The timeline of each seed count beside the plain loop's wall (each the median over the repeated
     pairs of runs; the ratio is the median pair's), then the cost of one more trial and the study's fixed
-    cost (a line through the two largest seed counts), and the CPU both spent (see cpu_report)."""
+    cost (see lines), and the CPU both spent (see cpu_report)."""
     seeds = sorted(repeats)
     runs = {n: _median([p[0] for p in repeats[n]], key=lambda run: run["wall_s"]) for n in seeds}
     plain = {n: _median([p[1] for p in repeats[n]], key=lambda run: run["wall_s"]) for n in seeds}
@@ -322,22 +336,43 @@ def report(repeats: dict[int, list[tuple[dict, dict]]], cores: int) -> None:
     )
     _row("worker groups at once", [str(runs[n]["groups"]) for n in seeds])
     cpu_report(seeds, runs, plain, cores)
-    if len(seeds) >= 2:
-        a, b = seeds[-2:]
-        slope = (runs[b]["wall_s"] - runs[a]["wall_s"]) / (b - a)
-        plain_slope = (plain[b]["wall_s"] - plain[a]["wall_s"]) / (b - a)
-        fixed = runs[b]["wall_s"] - slope * b
-        print(f"\none more trial: rayb {slope:.1f} s, plain loop {plain_slope:.1f} s: "
-              f"{slope / plain_slope:.2f}× (target ≤ 1.1×)")  # fmt: skip
-        print(f"a study's fixed cost: {fixed:.1f} s (target ≤ 15 s)")
+    print()
+    lines(seeds, runs, plain)
     # The line's intercept moves with each run's drift: 5% on the largest run's wall is tens of seconds
     # there. Each run's own timeline does not: its critical path less what every trial on it repeats.
     print(
         "a study's fixed cost, from each run's critical path less its trials' steps, checkpoints, "
-        "validation and saving: "
+        "validation, saving and evaluation: "
         + ", ".join(f"{n} seed{'s' * (n > 1)} {_fixed_s(paths[n]):.1f} s" for n in seeds)
         + " (target ≤ 15 s)"
     )
+
+
+def lines(seeds: list[int], runs: dict[int, dict], plain: dict[int, dict]) -> None:
+    """One more trial's cost and a study's fixed cost: the slope and the intercept of wall time against
+    trials, through the two largest seed counts and, where those trained different numbers of worker groups
+    at once, through the two largest that trained the same number. Only that line's intercept is a fixed
+    cost: where the larger run trains more groups at once, each of its trials costs less wall (ten seeds on
+    2 cores train two at a time), so a line from the smaller run is shallower than either run's own and
+    meets zero trials above both runs' fixed cost (30.0 s through three and ten seeds in one run, whose
+    own timelines gave 14.7 and 21.9 s)."""
+    if len(seeds) < 2:
+        return
+    alike = [pair for pair in itertools.combinations(seeds, 2) if len({runs[n]["groups"] for n in pair}) == 1]
+    same = max(alike, key=lambda pair: pair[::-1], default=None)
+    for a, b in dict.fromkeys(pair for pair in ((seeds[-2], seeds[-1]), same) if pair):
+        slope = (runs[b]["wall_s"] - runs[a]["wall_s"]) / (b - a)
+        plain_slope = (plain[b]["wall_s"] - plain[a]["wall_s"]) / (b - a)
+        groups = [runs[n]["groups"] for n in (a, b)]
+        at_once = f"{groups[0]} then {groups[1]}" if groups[0] != groups[1] else str(groups[0])
+        print(f"one more trial, {a} to {b} seeds ({at_once} worker groups at once): rayb {slope:.1f} s, "
+              f"plain loop {plain_slope:.1f} s: {slope / plain_slope:.2f}× (target ≤ 1.1×)")  # fmt: skip
+        if (a, b) == same:
+            print(f"a study's fixed cost, that line's intercept: {runs[b]['wall_s'] - slope * b:.1f} s "
+                  "(target ≤ 15 s)")  # fmt: skip
+    if same is None:
+        print("a study's fixed cost: no two seed counts trained the same number of worker groups at once, "
+              "so no line through them has one for its intercept")  # fmt: skip
 
 
 def cpu_report(seeds: list[int], runs: dict[int, dict], plain: dict[int, dict], cores: int) -> None:

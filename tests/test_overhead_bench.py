@@ -5,9 +5,12 @@ that train nothing). The meter: what a run's processes spent, by kind, from the 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "overhead.py"
 _spec = importlib.util.spec_from_file_location("overhead", SCRIPT)
@@ -65,10 +68,50 @@ def test_the_timeline_splits_the_whole_wall_and_the_fixed_cost_is_what_no_trial_
     trials = [trial("a", 10.0, first=True), trial("b", 12.0, first=True), trial("b", 11.0)]
     stages = {"ray_start_s": 5.0, "data_s": 1.0, "self_checks_s": 0.5, "planning_s": 0.25, "training_s": 40.0,
               "evaluation_after_training_s": 2.0, "report_s": 1.5}  # fmt: skip
-    run = {"wall_s": 60.0, "stages": stages, "trials": trials, "exit_s": 0.75}
+    run = {"wall_s": 60.0, "stages": stages, "trials": trials, "exit_s": 0.75, "drained_evaluation_s": 1.25}
     path = overhead.timeline(run)
     assert sum(path.values()) == 60.0
     assert path["training steps"] == 23.0 and path["set_up"] == 3.2 and path["worker imports"] == 2.0
     assert path["process start, imports"] == 60.0 - sum(stages.values()) - 0.75
-    # Each trial repeats its steps, checkpoints and validation (1.5 s) and its saving (0.25 s).
-    assert overhead._fixed_s(path) == 60.0 - 23.0 - 2 * 1.75
+    assert path["Train around trials"] == pytest.approx(40.0 - 4.0 - 2.0 - 3.2 - 23.0 - 2 * 1.75 - 1.25)
+    # Each trial repeats its steps, checkpoints and validation (1.5 s) and its saving (0.25 s), and is
+    # evaluated: here, once the last had trained, by the drained worker (1.25 s on the critical path).
+    assert overhead._fixed_s(path) == 60.0 - 23.0 - 2 * 1.75 - 1.25
+
+
+def test_the_drained_workers_evaluation_is_the_training_stages_wall_after_its_last_trial(tmp_path):
+    def landed(relative, at):
+        path = tmp_path / "trials" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        os.utime(path, (at, at))
+
+    landed("a/train_result.json", 100.0)
+    landed("b/train_result.json", 130.0)
+    landed("a/eval/lm-1.json", 120.0)  # beside b's training: off the critical path
+    landed("b/eval/lm-1.json", 132.5)
+    landed("a/eval/lm-2.json", 140.0)  # after the training stage: its own stage, timed apart
+    assert overhead.drained_evaluation_s(tmp_path, training_ended=135.0) == 2.5
+    assert overhead.drained_evaluation_s(tmp_path, training_ended=131.0) == 0.0
+
+
+def test_a_fixed_cost_is_only_read_off_a_line_through_runs_training_as_many_groups_at_once(capsys):
+    def runs(walls, groups):
+        return {n: {"wall_s": wall, "groups": groups[n]} for n, wall in walls.items()}
+
+    rayb = runs({1: 36.0, 3: 88.0, 10: 226.0}, {1: 1, 3: 1, 10: 2})
+    plain = runs({1: 28.0, 3: 78.0, 10: 235.0}, {1: 1, 3: 1, 10: 1})
+    overhead.lines([1, 3, 10], rayb, plain)
+    out = capsys.readouterr().out
+    # 3 to 10 seeds: (226 - 88) / 7 = 19.7 s a trial, against (235 - 78) / 7 = 22.4 s; its intercept (28 s)
+    # is no fixed cost. 1 to 3 seeds: 26 s a trial against 25 s, and 36 - 26 = 10 s of fixed cost.
+    assert (
+        "one more trial, 3 to 10 seeds (1 then 2 worker groups at once): rayb 19.7 s, plain loop 22.4 s: 0.88×"
+        in out
+    )
+    assert (
+        "one more trial, 1 to 3 seeds (1 worker groups at once): rayb 26.0 s, plain loop 25.0 s: 1.04×" in out
+    )
+    assert out.count("fixed cost") == 1 and "a study's fixed cost, that line's intercept: 10.0 s" in out
+    overhead.lines([3, 10], rayb, plain)
+    assert "no two seed counts trained the same number of worker groups at once" in capsys.readouterr().out
