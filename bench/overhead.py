@@ -9,10 +9,11 @@ process's own start and imports, Ray's start, data, self-checks and planning, th
 finished last (its start: until its worker's process exists, joining the process group, the rest; its
 imports, each trial's set-up, training steps, checkpoints and validation, saving, the trials' evaluations
 its worker ran once it had none left to train, and what Ray Train spent around them: passing between
-trials, ending the group), the evaluation left after training, the report, and the exit (Ray's shutdown). Beside the walls, each loop's median optimizer step, in its own run:
-a step's cost is paid again by every trial, whatever the fixed costs, and a slope between two whole runs
-(the cost of one more trial, below) moves with the machine's drift from one run to the next, which the
-step's ratio, measured within runs, does not. The stack's floor (FLOOR below) is timed too: what a run on Ray
+trials, ending the group), the evaluation left after training, the report, and the exit (Ray's
+shutdown). Beside the walls, each loop's median optimizer step, in its own run: a step's cost is paid
+again by every trial, whatever the fixed costs, and a slope between two whole runs (the cost of one more
+trial, below) moves with the machine's drift from one run to the next, which the step's ratio, measured
+within runs, does not. The stack's floor (FLOOR below) is timed too: what a run on Ray
 Train and DeepSpeed costs with nothing trained, a bound on how close a run of Ray Train's own can come;
 and the same run through rayb's trainer, which starts less than Ray Train's does. And the CPU each run
 spent, rayb's by kind of process (its driver, Train workers, eval actors, Ray Train's other actors, rayb's
@@ -32,9 +33,9 @@ timeline is that of the median rayb run) and the median of the pairs' ratios, ea
 Targets (issue 35): 1 seed ≤ 1.5×, 3 seeds ≤ 1.3×, 10 seeds ≤ 1.15× the plain loop; one more trial
 costs ≤ 1.1× the plain loop's time for it; a study's fixed cost ≤ 15 s (the slope and the intercept of
 wall time against trials, through two seed counts that trained the same number of worker groups at once;
-and, less moved by one run's drift, each run's critical path less what its trials repeat). Data preparation ≤ 15 s; the smoke
-study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op, rayb's fused Mamba scan) are
-done and timed first, and printed apart.
+and, less moved by one run's drift, each run's critical path less what its trials repeat). Data
+preparation ≤ 15 s; the smoke study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op,
+rayb's fused Mamba scan) are done and timed first, and printed apart.
 """
 
 from __future__ import annotations
@@ -228,9 +229,9 @@ def rayb_run(study: Path, out: Path, cache_from: Path) -> dict:
 
 
 def drained_evaluation_s(out: Path, training_ended: float) -> float:
-    """How long the training stage went on evaluating after its last trial ended: each trial's evaluation,
-    which a group training on every core leaves to its worker once the group has no trial left (eval/
-    feed.py), so that one group evaluates all of its trials at its end. Per-trial work, on the critical path."""
+    """How long the training stage went on evaluating after its last trial ended: per-trial work on the
+    critical path. A group that trains on every core leaves its trials' evaluations to its own worker once
+    it has no trial left (eval/feed.py), which so evaluates all of them at the group's end."""
     trained = max(p.stat().st_mtime for p in out.glob("trials/*/train_result.json"))
     evaluated = [p.stat().st_mtime for p in out.glob("trials/*/eval/*.json")]
     return max(0.0, max((t for t in evaluated if t <= training_ended), default=trained) - trained)
@@ -365,7 +366,8 @@ def lines(seeds: list[int], runs: dict[int, dict], plain: dict[int, dict]) -> No
         plain_slope = (plain[b]["wall_s"] - plain[a]["wall_s"]) / (b - a)
         groups = [runs[n]["groups"] for n in (a, b)]
         at_once = f"{groups[0]} then {groups[1]}" if groups[0] != groups[1] else str(groups[0])
-        print(f"one more trial, {a} to {b} seeds ({at_once} worker groups at once): rayb {slope:.1f} s, "
+        at_once += f" worker group{'s' * (max(groups) > 1)} at once"
+        print(f"one more trial, {a} to {b} seeds ({at_once}): rayb {slope:.1f} s, "
               f"plain loop {plain_slope:.1f} s: {slope / plain_slope:.2f}× (target ≤ 1.1×)")  # fmt: skip
         if (a, b) == same:
             print(f"a study's fixed cost, that line's intercept: {runs[b]['wall_s'] - slope * b:.1f} s "
