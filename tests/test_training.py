@@ -167,6 +167,20 @@ def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     assert not started & {"DatasetManager", "PlacementGroupCleaner"}, sorted(started)
 
 
+def test_a_run_on_the_main_thread_leaves_neither_its_ctrl_c_handler_nor_its_controller(runs):
+    """Ray Train sets a Ctrl-C handler for a run fit() on the main thread (the fixture's), which holds the
+    run's controller: once the run ends the handler before it is back, and the controller, neither kept (a
+    run outside the pool) nor running, is gone, not left idle until another run's handler replaces it."""
+    from rayb.train.kept import kept_controller_ids
+
+    assert getattr(signal.getsignal(signal.SIGINT), "__name__", None) != "sigint_handler"
+    deadline = time.monotonic() + 10
+    while idle := [a["ActorID"] for a in session_actors("EnvController")
+                   if a["State"] == "ALIVE" and a["ActorID"] not in kept_controller_ids()]:  # fmt: skip
+        assert time.monotonic() < deadline, idle
+        time.sleep(0.2)
+
+
 def test_ray_trains_controller_starts_with_no_runtime_env_of_its_own_yet_passes_its_settings_on(runs):
     """Ray starts an actor that has a runtime_env of its own in a new process, never on one of its idle
     workers, and so each actor that actor starts (2.2-2.7 s each on 2 cores): Ray Train's controller

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -425,13 +426,21 @@ class PackTrainer(DataParallelTrainer):
             controller = ray.remote(num_cpus=0, label_selector=on_this_node)(EnvController).remote(
                 **arguments
             )
-        if threading.current_thread() is threading.main_thread():  # else signal handlers cannot be set
+        # Ray Train's Ctrl-C handler aborts this run; it goes once the run ends, for it holds the controller's
+        # handle (which kept an idle controller alive until the next run's handler replaced it) and would
+        # abort a run long over. Only on the main thread: elsewhere signal handlers cannot be set.
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        if on_main_thread:
+            previous = signal.getsignal(signal.SIGINT)  # None where it was not set from Python
             self._register_sigint_handler(controller)
         try:
             ray.get(controller.run.remote())
         except ray.exceptions.RayActorError:
             self._lost(controller._actor_id.hex())
             raise
+        finally:
+            if on_main_thread:
+                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
         result = ray.get(controller.get_result.remote())
         if self.queue is not None and result.error is None:
             kept.keep_controller(controller)
