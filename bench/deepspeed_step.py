@@ -35,11 +35,16 @@ SMOKE_GPT2 = {"d_model": 128, "n_head": 4, "n_layer": 4}
 LR = 0.003  # the smoke study's
 
 
-def plain_step(train: TrainSpec):
-    """The reverse test's loop (bench/reverse_test.py): AdamW, global-norm clipping, nothing else."""
+def model_and_optimizer(train: TrainSpec):
+    """The smoke gpt2 from the same initial weights, and its optimizer as rayb's trial builds it."""
     torch.manual_seed(0)
     model = build_model("gpt2", SMOKE_GPT2, VOCAB, SEQ_LEN)
-    optimizer = make_optimizer(train.optimizer, param_groups(model, train.weight_decay), LR, train.betas)
+    return model, make_optimizer(train.optimizer, param_groups(model, train.weight_decay), LR, train.betas)
+
+
+def plain_step(train: TrainSpec):
+    """The reverse test's loop (bench/reverse_test.py): AdamW, global-norm clipping, nothing else."""
+    model, optimizer = model_and_optimizer(train)
 
     def step(ids: torch.Tensor) -> None:
         (logits_nll(model(ids).logits, ids) / ids[:, 1:].numel()).backward()
@@ -54,9 +59,7 @@ def engine_step(train: TrainSpec):
     """rayb's: DeepSpeed's engine over the same model and optimizer (train/loop.py's set-up and step)."""
     import deepspeed
 
-    torch.manual_seed(0)
-    model = build_model("gpt2", SMOKE_GPT2, VOCAB, SEQ_LEN)
-    optimizer = make_optimizer(train.optimizer, param_groups(model, train.weight_decay), LR, train.betas)
+    model, optimizer = model_and_optimizer(train)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(train))
 
     def step(ids: torch.Tensor) -> None:

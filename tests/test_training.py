@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import (
     actor_runtime_envs,
+    controller_processes,
     job_actors,
     kept_worker_ids,
     loop_with_steps_held,
@@ -171,12 +172,9 @@ def test_a_run_on_the_main_thread_leaves_neither_its_ctrl_c_handler_nor_its_cont
     """Ray Train sets a Ctrl-C handler for a run fit() on the main thread (the fixture's), which holds the
     run's controller: once the run ends the handler before it is back, and the controller, neither kept (a
     run outside the pool) nor running, is gone, not left idle until another run's handler replaces it."""
-    from rayb.train.kept import kept_controller_ids
-
     assert getattr(signal.getsignal(signal.SIGINT), "__name__", None) != "sigint_handler"
     deadline = time.monotonic() + 10
-    while idle := [a["ActorID"] for a in session_actors("EnvController")
-                   if a["State"] == "ALIVE" and a["ActorID"] not in kept_controller_ids()]:  # fmt: skip
+    while idle := controller_processes():  # the live ones this driver does not keep
         assert time.monotonic() < deadline, idle
         time.sleep(0.2)
 
