@@ -20,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the suite's two processes mostly train at once: 1600 s against 1805 s on one machine. Ray's processes
 # inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# No test reaches a hub. huggingface_hub and datasets read these once, at import: a test that set them
+# after another test in its process had imported them still went to the network, and the test of
+# `rayb data prepare` offline took 56 s, not 10 s, retrying a hub this machine cannot resolve.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def tiny_study_dict(**overrides) -> dict:
