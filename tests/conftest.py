@@ -185,32 +185,33 @@ def restart_points(metrics_log: Path) -> list[int]:
 
 
 # Every file that takes more than a few seconds, longest first (its tests' seconds in one worker of
-# `-n 2 --dist loadfile --no-loadscope-reorder` on 2 cores, 2026-12-03). Collected first, so that a parallel
+# `-n 2 --dist loadfile --no-loadscope-reorder` on 2 cores, 2026-12-06). Collected first, so that a parallel
 # run starts them first and ends on short files: ending on a long one left a core idle for a minute.
 LONGEST_FIRST = (
-    "test_team_studies.py",  # 540
-    "test_multinode.py",  # 425
-    "test_training.py",  # 390
-    "test_study_e2e.py",  # 225
-    "test_lock.py",  # 210
-    "test_faults.py",  # 185
-    "test_job_submit.py",  # 110
-    "test_autoscaling.py",  # 105
-    "test_eval_pool.py",  # 105
-    "test_storage.py",  # 85
-    "test_cluster_waits.py",  # 75
-    "test_sequential.py",  # 65
-    "test_study_features.py",  # 60
-    "test_report.py",  # 50
-    "test_selfcheck.py",  # 50
-    "test_runtime.py",  # 45
-    "test_sizing.py",  # 30
-    "test_gpu_check.py",  # 25
-    "test_lm_eval_parity.py",  # 20
-    "test_data_pipeline.py",  # 20
-    "test_tracking.py",  # 15
-    "test_eval.py",  # 15
-    "test_bad_input.py",  # 10
+    "test_training.py",  # 290
+    "test_multinode.py",  # 267
+    "test_team_studies.py",  # 228
+    "test_study_e2e.py",  # 102
+    "test_eval_pool.py",  # 94
+    "test_faults.py",  # 90
+    "test_job_submit.py",  # 88
+    "test_lock.py",  # 86
+    "test_cluster_waits.py",  # 71
+    "test_autoscaling.py",  # 69
+    "test_storage.py",  # 68
+    "test_sequential.py",  # 66
+    "test_report.py",  # 53
+    "test_runtime.py",  # 40
+    "test_selfcheck.py",  # 26
+    "test_sizing.py",  # 22
+    "test_gpu_check.py",  # 21
+    "test_lm_eval_parity.py",  # 18
+    "test_eval.py",  # 13
+    "test_data_pipeline.py",  # 12
+    "test_study_features.py",  # 11
+    "test_frozen_heap.py",  # 10
+    "test_bad_input.py",  # 8
+    "test_tracking.py",  # 7
 )
 
 
