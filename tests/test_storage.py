@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -145,11 +146,14 @@ def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
         n = 0
         while not stop.is_set():
             n += 1
+            began = time.perf_counter()
             storage.write_bytes(location, json.dumps({"n": n, "pad": "x" * n}).encode())
             # A writer far busier than any of rayb's (seconds apart), yet one that pauses: a version goes up
             # in one request, and without a pause as long as a read no read could find the object unchanged.
-            # At this rate, a reader without the check above read 17 of 150 versions cut short.
-            stop.wait(0.02)
+            # A read takes three requests, so the pause is four writes' time, never under 20 ms: with 20 ms
+            # alone, a suite's load once made every read of ten overlap a write. At 20 ms, a reader without
+            # the check above read 17 of 150 versions cut short.
+            stop.wait(max(0.02, 4 * (time.perf_counter() - began)))
 
     writer = threading.Thread(target=rewrite)
     writer.start()
