@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -123,6 +125,50 @@ def test_lm_eval_indexes_its_own_tasks_once_per_process(tiny_cache, tokenizer, m
     assert indexed == [{}]  # lm-eval's own tasks, once
     run_lm_eval(ctx, "rayb_text", LMEvalOptions(limit=2, rayb_task_docs=2))  # rayb's alone: a small index
     assert indexed[1:] == [{"include_path": indexed[1]["include_path"], "include_defaults": False}]
+
+
+def test_lm_eval_task_index_is_kept_on_disk_as_lm_eval_builds_it_and_rebuilt_when_a_task_changes(
+    tmp_path, monkeypatch
+):
+    """lm-eval's task index (11 s for its own tasks) is read back from disk in later processes, equal to
+    the one lm-eval builds; a task file edited, added or a cache file cut short is indexed afresh, only
+    the latest index of a set of paths is kept, and processes asking at once build it once."""
+    from lm_eval.tasks._index import TaskIndex
+
+    from rayb.eval import harness
+
+    monkeypatch.setattr(harness, "TASK_INDEX_DIR", tmp_path / "index")
+    tasks = tmp_path / "tasks"
+    (tasks / "family").mkdir(parents=True)
+    (tasks / "family" / "_base.yaml").write_text("output_type: loglikelihood\ndataset_path: x\n")
+    (tasks / "family" / "one.yaml").write_text("include: _base.yaml\ntask: one\ntag: old_tag\n")
+    (tasks / "group.yaml").write_text("group: both\ntask: [one]\n")
+    builds = []
+
+    def build(paths, **options):
+        builds.append(paths)
+        time.sleep(0.2)  # as lm-eval's own takes seconds: the processes below overlap it
+        return TaskIndex.build(paths, **options)
+
+    def index() -> dict:
+        return harness.cached_task_index(build, [tasks])
+
+    first = index()
+    assert first == TaskIndex.build([tasks]) and {"one", "both", "old_tag"} <= set(first)
+    assert index() == first and len(builds) == 1  # read back
+    (tasks / "family" / "one.yaml").write_text("include: _base.yaml\ntask: one\ntag: a_new_tag\n")
+    assert "a_new_tag" in index() and "old_tag" not in index() and len(builds) == 2
+    (tasks / "two.yaml").write_text("include: family/_base.yaml\ntask: two\n")
+    assert index() == TaskIndex.build([tasks]) and "two" in index() and len(builds) == 3
+    (kept,) = (tmp_path / "index").glob("*.pickle")
+    kept.write_bytes(kept.read_bytes()[:100])
+    assert index() == TaskIndex.build([tasks]) and len(builds) == 4
+    assert len(list((tmp_path / "index").glob("*.pickle"))) == 1
+    # Processes that start together build it once: the others wait for it.
+    kept.unlink()
+    with ThreadPoolExecutor(3) as pool:
+        indexes = list(pool.map(lambda _: index(), range(3)))
+    assert indexes == [indexes[0]] * 3 and len(builds) == 5
 
 
 def test_a_recall_task_the_context_cannot_hold_refuses_before_training(tiny_cache, tokenizer):

@@ -17,8 +17,12 @@ model's context: a question always sees the facts it asks about.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
+import os
+import pickle
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,11 +43,14 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from rayb.data.corpus import QUESTION_PREFIX, generate_document, recall_answers
 from rayb.eval.registry import BENCHMARKS, Benchmark, EvalContext, make_options, register_benchmark
 from rayb.eval.scoring import context_limit, continuation_logprobs, device_of
+from rayb.files import digest, write_atomic
 
 if TYPE_CHECKING:  # imported only where an evaluation runs
     from lm_eval.tasks import TaskManager
 
 TASKS_DIR = Path(__file__).parent / "tasks"
+# Where lm-eval's task index is kept between processes (cached_task_index).
+TASK_INDEX_DIR = Path.home() / ".cache" / "rayb" / "lm_eval"
 HFLM_MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not set max_gen_toks
 HELD_OUT_SEED = 2**31 - 1  # the embedded corpus's seeds are small; these documents are never trained on
 
@@ -246,12 +253,71 @@ def _no_environment_report(results: dict[str, Any]) -> None:
 
 @functools.cache
 def lm_eval_tasks() -> TaskManager:
-    """lm-eval's own tasks, indexed once per process: the index reads all their files (about 15,000 tasks,
-    16.5 s on one core of a 2-core machine), and an eval actor or drained worker scores many checkpoints.
-    Each evaluation still builds its tasks anew from the index."""
-    from lm_eval.tasks import TaskManager
+    """lm-eval's own tasks, indexed once per process, from an index kept on disk once per machine
+    (`cached_task_index`): indexing reads all their files (about 15,000 tasks: 11 s of an idle core, 16.5 s
+    beside training on 2 cores), which every eval actor and drained worker paid again, and `rayb data
+    prepare` too. Each evaluation still builds its tasks anew from the index."""
+    from unittest import mock
 
-    return TaskManager()
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import TaskIndex
+
+    build = TaskIndex.build
+
+    def cached_build(paths, **options):
+        return cached_task_index(build, paths, **options)
+
+    with mock.patch.object(TaskIndex, "build", staticmethod(cached_build)):
+        return TaskManager()
+
+
+def cached_task_index(build: Callable, paths, **options) -> dict:
+    """lm-eval's task index of `paths` (`build`: its TaskIndex.build), read from TASK_INDEX_DIR where built
+    before from the same task files. Keyed by lm-eval's version, the paths, and each YAML file's path, size
+    and modification time (a tenth of a second for lm-eval's own), so a task file edited or added, as in
+    an editable lm-eval, is indexed afresh; one index is kept per lm-eval version and set of paths."""
+    from importlib.metadata import version
+
+    paths = [Path(p) for p in paths]
+    files = [_yaml_files(str(root)) for root in paths]
+    where = digest([version("lm_eval"), [str(p) for p in paths], options])
+    cached = TASK_INDEX_DIR / f"index-{where}-{digest(files)}.pickle"
+    if (index := _read_index(cached)) is not None:
+        return index
+    try:
+        TASK_INDEX_DIR.mkdir(parents=True, exist_ok=True)
+        lock = open(TASK_INDEX_DIR / f"index-{where}.lock", "w")  # noqa: SIM115  (held below)
+    except OSError:  # no cache to write (a read-only home): this process indexes for itself
+        return build(paths, **options)
+    # One process builds it; the others on the machine (eval actors starting together) wait to read it.
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (index := _read_index(cached)) is not None:
+            return index
+        index = build(paths, **options)
+        for stale in TASK_INDEX_DIR.glob(f"index-{where}-*.pickle"):
+            stale.unlink(missing_ok=True)
+        write_atomic(cached, pickle.dumps(index))
+    return index
+
+
+def _read_index(cached: Path) -> dict | None:
+    """A task index written by cached_task_index (rayb's own file, in the user's own cache), or None."""
+    with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return pickle.loads(cached.read_bytes())
+    return None
+
+
+def _yaml_files(root: str) -> list[tuple[str, int, int]]:
+    """Each YAML file under `root`, as its path, size and modification time (os.walk: pathlib's glob took
+    six times as long over lm-eval's 14,000 files)."""
+    files = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".yaml"):
+                stat = os.stat(path := os.path.join(folder, name))
+                files.append((path, stat.st_size, stat.st_mtime_ns))
+    return sorted(files)
 
 
 def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str, Any]:
