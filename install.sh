@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 case "${1:-}" in
   "") extras="" ;;
-  dev) extras="[dev]"; bash tests/install_chromium.sh ;;
+  # Chromium's install (19 s on 2 cores, mostly unpacking) runs beside pip's and uv's, which leave a core free.
+  dev) extras="[dev]"; bash tests/install_chromium.sh & ;;
   *) echo "usage: bash install.sh [dev]" >&2; exit 2 ;;
 esac
 python -m pip install -c rayb/constraints.txt torch==2.13.0 uv
@@ -20,3 +21,4 @@ python -m uv pip install --python "$(python -c 'import sys; print(sys.executable
   -c rayb/constraints.txt -e ".$extras"
 # pyenv makes the shims for new commands (rayb, ray) after a pip install only: uv's need a rehash.
 if command -v pyenv >/dev/null; then pyenv rehash; fi
+wait  # for Chromium's install
