@@ -132,7 +132,8 @@ def test_lm_eval_task_index_is_kept_on_disk_as_lm_eval_builds_it_and_rebuilt_whe
 ):
     """lm-eval's task index (11 s for its own tasks) is read back from disk in later processes, equal to
     the one lm-eval builds; a task file edited, added or a cache file cut short is indexed afresh, only
-    the latest index of a set of paths is kept, and processes asking at once build it once."""
+    the latest index of a set of paths is kept, processes asking at once build it once, and where
+    nothing can be written each builds its own."""
     from lm_eval.tasks._index import TaskIndex
 
     from rayb.eval import harness
@@ -169,6 +170,10 @@ def test_lm_eval_task_index_is_kept_on_disk_as_lm_eval_builds_it_and_rebuilt_whe
     with ThreadPoolExecutor(3) as pool:
         indexes = list(pool.map(lambda _: index(), range(3)))
     assert indexes == [indexes[0]] * 3 and len(builds) == 5
+    # Where no cache can be written (a read-only home), each process indexes for itself.
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(harness, "TASK_INDEX_DIR", tmp_path / "a-file" / "index")
+    assert index() == indexes[0] and len(builds) == 6
 
 
 def test_a_recall_task_the_context_cannot_hold_refuses_before_training(tiny_cache, tokenizer):

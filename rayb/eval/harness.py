@@ -297,13 +297,14 @@ def cached_task_index(build: Callable, paths, **options) -> dict:
         index = build(paths, **options)
         for stale in TASK_INDEX_DIR.glob(f"index-{where}-*.pickle"):
             stale.unlink(missing_ok=True)
-        write_atomic(cached, pickle.dumps(index))
+        with contextlib.suppress(OSError):  # a full disk costs the next process a build, not this evaluation
+            write_atomic(cached, pickle.dumps(index))
     return index
 
 
 def _read_index(cached: Path) -> dict | None:
     """A task index written by cached_task_index (rayb's own file, in the user's own cache), or None."""
-    with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+    with contextlib.suppress(Exception):  # missing, cut short, or unreadable however: built again
         return pickle.loads(cached.read_bytes())
     return None
 
