@@ -278,9 +278,9 @@ def cached_task_index(build: Callable, paths, **options) -> dict:
     an editable lm-eval, is indexed afresh; one index is kept per lm-eval version and set of paths."""
     from importlib.metadata import version
 
-    paths = [Path(p) for p in paths]
-    files = [_yaml_files(str(root)) for root in paths]
-    where = digest([version("lm_eval"), [str(p) for p in paths], options])
+    roots = [str(path) for path in paths]
+    where = digest([version("lm_eval"), roots, options])
+    files = [_yaml_files(root) for root in roots]
     cached = TASK_INDEX_DIR / f"index-{where}-{digest(files)}.pickle"
     if (index := _read_index(cached)) is not None:
         return index
