@@ -16,9 +16,22 @@ case "${1:-}" in
   dev) extras="[dev]"; bash tests/install_chromium.sh & ;;
   *) echo "usage: bash install.sh [dev]" >&2; exit 2 ;;
 esac
-python -m pip install -c rayb/constraints.txt torch==2.13.0 uv
+# pip compiles what it installs one file at a time (torch and its dependencies: 21 s of one core of 2,
+# 2026-12-07); here each package pip installed is compiled on every core instead, while uv downloads.
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+python -m pip install --no-compile --report "$report" -c rayb/constraints.txt torch==2.13.0 uv
+python - "$report" <<'PY' &
+import compileall, importlib.metadata, json, sys
+
+for item in json.load(open(sys.argv[1]))["install"]:
+    dist = importlib.metadata.distribution(item["metadata"]["name"])
+    for top in sorted({f.parts[0] for f in dist.files or [] if f.suffix == ".py" and f.parts[0] != ".."}):
+        path = dist.locate_file(top)  # a package's directory, or a module of one file
+        compileall.compile_dir(path, quiet=2, workers=0) if path.is_dir() else compileall.compile_file(path, quiet=2)
+PY
 python -m uv pip install --python "$(python -c 'import sys; print(sys.executable)')" --compile-bytecode \
   -c rayb/constraints.txt -e ".$extras"
 # pyenv makes the shims for new commands (rayb, ray) after a pip install only: uv's need a rehash.
 if command -v pyenv >/dev/null; then pyenv rehash; fi
-wait  # for Chromium's install
+wait  # for Chromium's install and the bytecode of pip's packages
