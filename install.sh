@@ -17,14 +17,18 @@ case "${1:-}" in
   *) echo "usage: bash install.sh [dev]" >&2; exit 2 ;;
 esac
 # pip compiles what it installs one file at a time (torch and its dependencies: 21 s of one core of 2,
-# 2026-12-07); here each package pip installed is compiled on every core instead, while uv downloads.
+# 2026-12-07). A pip that reports what it installed (--report, pip 22.2 on) leaves that here, where it is
+# compiled on every core while uv downloads.
 report=$(mktemp)
 trap 'rm -f "$report"' EXIT
-python -m pip install --no-compile --report "$report" -c rayb/constraints.txt torch==2.13.0 uv
+uncompiled=(--no-compile --report "$report")
+[[ $(python -m pip install --help) == *--report* ]] || uncompiled=()
+python -m pip install ${uncompiled[@]+"${uncompiled[@]}"} -c rayb/constraints.txt torch==2.13.0 uv
 python - "$report" <<'PY' &
-import compileall, importlib.metadata, json, sys
+import compileall, importlib.metadata, json, pathlib, sys
 
-for item in json.load(open(sys.argv[1]))["install"]:
+report = pathlib.Path(sys.argv[1]).read_text()
+for item in json.loads(report)["install"] if report else []:
     dist = importlib.metadata.distribution(item["metadata"]["name"])
     for top in sorted({f.parts[0] for f in dist.files or [] if f.suffix == ".py" and f.parts[0] != ".."}):
         path = dist.locate_file(top)  # a package's directory, or a module of one file
