@@ -262,11 +262,7 @@ def lm_eval_tasks() -> TaskManager:
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._index import TaskIndex
 
-    build = TaskIndex.build
-
-    def cached_build(paths, **options):
-        return cached_task_index(build, paths, **options)
-
+    cached_build = functools.partial(cached_task_index, TaskIndex.build)
     with mock.patch.object(TaskIndex, "build", staticmethod(cached_build)):
         return TaskManager()
 
