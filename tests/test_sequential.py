@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 from rayb.analysis.gate import gate_all
-from rayb.analysis.sequential import SeedRounds, boundaries, replay, seeds_to_run
+from rayb.analysis.sequential import SeedRounds, boundaries, look, replay, seeds_to_run
 from rayb.analysis.spec import GateSpec
 from rayb.analysis.stats import SignificanceRule
 
@@ -55,6 +56,24 @@ def test_parity_is_decided_when_the_interval_sits_inside_the_margin():
     assert first.looks[0].state == "parity"
     assert first.stopped["same"].startswith("within ±5.0% parity at 3 seeds (equivalence at ")
     assert first.stopped["ref"] == "every comparison decided"
+
+
+def test_parity_is_the_confidence_interval_at_twice_the_level_inside_the_margin():
+    rounds = SeedRounds(3, 8, parity=0.01)
+    rng = np.random.default_rng(5)
+    states = set()
+    for _ in range(300):
+        ref, cand = (
+            rng.normal(3.7, 0.02, 6),
+            rng.normal(3.7 + rng.normal(0, 0.02), rng.uniform(0.005, 0.05), 6),
+        )
+        pair = look("cand", cand, ref, rounds)
+        states.add(pair.state)
+        if pair.state != "significant":
+            interval = sps.ttest_ind(cand, ref, equal_var=False).confidence_interval(1 - 2 * pair.level)
+            margin = 0.01 * ref.mean()
+            assert (pair.state == "parity") == (-margin < interval.low and interval.high < margin)
+    assert states == {"significant", "parity", "open"}
 
 
 def test_the_next_round_asks_for_one_more_seed_of_open_models_only():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from rayb.analysis.stats import Comparison, Summary, best_by, compare, summarize
+from rayb.analysis.stats import Comparison, Summary, best_by, compare, summarize, welch
 from rayb.results import ResultRow, write_results
 
 REF = [3.10, 3.14, 3.12, 3.11]
@@ -50,6 +50,21 @@ def test_compare_matches_welch_ttest():
     assert c.p_value == pytest.approx(expected.pvalue)
     assert c.delta == pytest.approx(np.mean(CAND) - np.mean(REF))
     assert c.rel_delta == pytest.approx(c.delta / abs(np.mean(REF)))
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
+def test_welch_from_summaries_is_scipys_ttest_on_the_seeds(alternative):
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        cand, ref = (
+            rng.normal(3.7, rng.uniform(0.01, 0.2), rng.integers(2, 11)),
+            rng.normal(3.7, 0.1, rng.integers(2, 11)),
+        )
+        shift = rng.normal(0, 0.05)
+        expected = sps.ttest_ind(cand - shift, ref, equal_var=False, alternative=alternative)
+        assert welch(cand, ref, shift, alternative) == pytest.approx(
+            (expected.statistic, expected.pvalue), rel=1e-9
+        )
 
 
 def test_rule_significant_case():
@@ -149,6 +164,11 @@ def test_power_and_seeds_needed():
     assert seeds_needed(std=1.0, difference=0.0) is None and seeds_needed(std=1.0, difference=1e-4) is None
     # Far in the tail scipy's noncentral t returns NaN: a 27σ difference shows with 2 seeds.
     assert power(2, 27.4) == pytest.approx(1.0) and seeds_needed(std=0.0707, difference=-1.9361) == 2
+    # The two tails through scipy.stats' distribution objects give the same numbers.
+    for n, d in [(2, 1.5), (3, 0.8), (10, 0.3), (64, 0.5), (500, 0.1)]:
+        df, critical, shift = 2 * n - 2, sps.t.ppf(0.975, 2 * n - 2), d * math.sqrt(n / 2)
+        tails = sps.nct.sf(critical, df, shift) + sps.nct.cdf(-critical, df, shift)
+        assert power(n, d) == pytest.approx(tails, rel=1e-12)
 
 
 def test_power_cli(tmp_path):

@@ -28,6 +28,8 @@ import numpy as np
 from scipy import integrate, optimize
 from scipy import stats as sps
 
+from rayb.analysis.stats import welch
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -123,13 +125,14 @@ def look(candidate: str, cand: np.ndarray, ref: np.ndarray, rounds: SeedRounds) 
         return PairLook(candidate, n, delta, math.nan, level, "open")
     if max(cand.var(), ref.var()) == 0:  # nothing varies: any difference is certain, none is parity
         return PairLook(candidate, n, delta, float(delta == 0), level, "significant" if delta else "parity")
-    test = sps.ttest_ind(cand, ref, equal_var=False)
-    if test.pvalue < level:
-        return PairLook(candidate, n, delta, float(test.pvalue), level, "significant")
+    _, p_value = welch(cand, ref)
+    if p_value < level:
+        return PairLook(candidate, n, delta, p_value, level, "significant")
+    # Two one-sided tests at `level` each: the difference is above −margin and below +margin (the same
+    # as the 1 − 2·level confidence interval lying inside the margin).
     margin = rounds.parity * abs(float(ref.mean()))
-    interval = test.confidence_interval(1 - 2 * level)  # two one-sided tests at `level` each
-    state = "parity" if -margin < interval.low and interval.high < margin else "open"
-    return PairLook(candidate, n, delta, float(test.pvalue), level, state)
+    inside = welch(cand, ref, -margin, "greater")[1] < level and welch(cand, ref, margin, "less")[1] < level
+    return PairLook(candidate, n, delta, p_value, level, "parity" if inside else "open")
 
 
 @dataclass
