@@ -133,6 +133,28 @@ def test_cpu_jobs_start_only_on_the_cores_training_leaves_and_speed_once_none_tr
     assert pool._next_index(0.0) is None
 
 
+def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
+    """The pool lets its drained Train workers go where a worker group waits for resources: asked afresh,
+    not as seen up to LOOK_S before (as its own groups started, their placement groups pending)."""
+
+    class Workers:
+        released = False
+
+        def evaluate(self, job, threads):
+            return f"ref of {job.suite}"
+
+        def release(self):
+            self.released = True
+
+    pool, workers = EvalPool(num_actors=2, use_gpu=False, log=lambda _: None), Workers()
+    pool._queues = {0.0: [SimpleNamespace(suite="lm"), SimpleNamespace(suite="speed")]}
+    pool._looked, pool._waiting = time.monotonic(), True  # a pending placement group, seen just now
+    state = {"released": False, "drained": True, "finished": False, "groups": 2, "free": 1}
+    assert pool._relay(workers, state) == [] and not workers.released  # no group waits on this Ray
+    assert [job.suite for _, _, job, _ in pool._running.values()] == ["lm"]  # speed keeps to an actor
+    assert [job.suite for job in pool._queues[0.0]] == ["speed"]
+
+
 def test_a_job_waits_for_a_core_free_of_training(ray_session, tiny_cache, tmp_path):
     """A fed job starts no actor and runs nowhere while training's threads fill the cores (`free_cores`
     says 0), though Ray has CPUs free; it runs as soon as a core is free."""

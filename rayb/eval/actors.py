@@ -437,13 +437,14 @@ class EvalPool:
         self._queues[gpus].insert(0, job)
         return job, None
 
-    def _groups_wait(self) -> bool:
+    def _groups_wait(self, max_age_s: float = LOOK_S) -> bool:
         """Whether a worker group on the cluster waits for resources (a placement group pending): then no
         actor stands by idle. The spare CPUs are counted for this study alone; another study on the same
-        cluster, or a group that lost a node, may need them, and an idle actor would hold them forever."""
+        cluster, or a group that lost a node, may need them, and an idle actor would hold them forever.
+        Asked again where the last answer is older than `max_age_s`."""
         import ray
 
-        if time.monotonic() - self._looked >= self.LOOK_S:
+        if time.monotonic() - self._looked >= max_age_s:
             self._looked = time.monotonic()
             table = ray.util.placement_group_table().values()
             self._waiting = any(group["state"] == "PENDING" for group in table)
@@ -459,7 +460,11 @@ class EvalPool:
             return []
         queue = self._queues.get(0.0, [])
         theirs = [job for job in queue if relayable(job.suite)]
-        if self._groups_wait() or (state["finished"] and not theirs):
+        # Asked afresh: an answer from before the pool drained may have seen its own groups' placement groups
+        # pending as they started, and on 2 cores a tiny study's groups drain within LOOK_S of their start.
+        # Letting the workers go for that left their jobs to actors, which waited for the groups to end and
+        # then imported torch and transformers anew: 10 s of a study's evaluation, not 4.
+        if (state["finished"] and not theirs) or self._groups_wait(max_age_s=0.0):
             workers.release()
             return []
         if not state["groups"]:  # no drained worker can come any more: actors take them
