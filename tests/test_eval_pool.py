@@ -134,8 +134,8 @@ def test_cpu_jobs_start_only_on_the_cores_training_leaves_and_speed_once_none_tr
 
 
 def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
-    """The pool lets its drained Train workers go where a worker group waits for resources: asked afresh,
-    not as seen up to LOOK_S before (as its own groups started, their placement groups pending)."""
+    """The pool lets its drained Train workers go where a worker group waits for resources now, asked afresh:
+    not for one seen up to LOOK_S before (its own groups' placement groups, pending as they started)."""
 
     class Workers:
         released = False
@@ -153,6 +153,17 @@ def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
     assert pool._relay(workers, state) == [] and not workers.released  # no group waits on this Ray
     assert [job.suite for _, _, job, _ in pool._running.values()] == ["lm"]  # speed keeps to an actor
     assert [job.suite for job in pool._queues[0.0]] == ["speed"]
+    # A group that waits now: the workers go, their queued jobs stay for actors.
+    import ray
+
+    waiting = ray.util.placement_group([{"CPU": 1000}])  # more than this Ray will ever have
+    try:
+        pool._queues[0.0].append(SimpleNamespace(suite="lm"))
+        pool._looked, pool._waiting = time.monotonic(), True
+        assert pool._relay(workers, state) == [] and workers.released
+        assert [job.suite for job in pool._queues[0.0]] == ["speed", "lm"]
+    finally:
+        ray.util.remove_placement_group(waiting)
 
 
 def test_a_job_waits_for_a_core_free_of_training(ray_session, tiny_cache, tmp_path):
