@@ -269,6 +269,7 @@ def run_study(
             + ", evaluating each as it finishes ..."
         )
         feed = FinishedTrials(study, trials, capacity)
+        feed.pool_ahead = bool(pending)
         evaluations = EvalPool(max(1, cores), study.train.use_gpu, log=log, spare_cpus=feed.spare_cpus,
                                poll_s=EvalPool.poll_for(out), drained=lambda: feed.workers,
                                free_cores=feed.free_cores)  # fmt: skip
@@ -289,6 +290,7 @@ def run_study(
             groups = max(groups, at_once)
             feed.pool, feed.slots, name = pool, at_once, queue_name()
             feed.workers = None if study.train.use_gpu else DrainedWorkers(name)
+            feed.pool_ahead = False
             try:
                 errors.update(run_pool(pool, at_once, study_dir, name))
             finally:

@@ -250,7 +250,8 @@ def test_spare_cpus_and_free_cores_are_those_no_group_with_a_trial_left_uses(tmp
     both; none need be spare once training is over, when evaluation has every core (no limit of the
     feed's: None). Except where every suite may run on a drained Train worker (not speed, which measures its
     process): once every group trains its last trial, its own workers evaluate, holding their cores, so none
-    is spare. One group of one seed holds one Ray CPU but trains on both cores: neither is spare or free."""
+    is spare. One group of one seed holds one Ray CPU but trains on both cores: neither is spare or free.
+    Before the study's first pool starts, no core is free: its groups are about to take them."""
     import json
 
     from rayb.eval.feed import FinishedTrials
@@ -293,6 +294,13 @@ def test_spare_cpus_and_free_cores_are_those_no_group_with_a_trial_left_uses(tmp
     feed.training_over.clear()
     finish(trials[3])
     assert (feed.spare_cpus(), feed.free_cores()) == (0, None)  # nothing trains: no actor need wait
+
+    # Before the study's first pool starts: its groups are about to take the cores.
+    feed = FinishedTrials(study, trials, one_node)
+    feed.pool_ahead = True
+    assert (feed.spare_cpus(), feed.free_cores()) == (0, 0)
+    feed.training_over.set()
+    assert feed.free_cores() is None
 
     feed = feed_of(trials[:1], one_node, slots=2)
     assert feed.pool[0].threads == 2

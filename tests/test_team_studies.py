@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -124,6 +125,11 @@ def test_neuromorphic_evaluates_pretrained_references_with_their_own_tokenizers(
     # References are reference points, not candidates of the gate.
     gated = {c["candidate"] for c in json.loads((study_dir / "results.json").read_text())["gate"]}
     assert gated == {"mamba-scratch"}
+    # Every suite here may run on a drained Train worker, and on one machine every job waits for them, the
+    # references' too (there from the start): no eval actor imports torch and transformers again.
+    result, *_ = team_runs("neuromorphic")
+    evaluations = re.findall(r"eval \d+/\d+: \w+ × \S+ in [\d.]+s(.*): ok", result.output)
+    assert len(evaluations) == 22 and set(evaluations) == {" on a drained Train worker"}, result.output
 
 
 @pytest.mark.ray

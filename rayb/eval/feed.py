@@ -26,6 +26,9 @@ class FinishedTrials:
         self.pool: list[TrialPack] = []  # the worker groups training now, run `slots` at a time
         self.slots = 0
         self.workers: DrainedWorkers | None = None  # theirs, in a CPU study
+        # Whether the study's first worker pool is still to start (runner.run_study): its groups are about
+        # to take the cores. (A study waiting for trials another study trains starts no pool meanwhile.)
+        self.pool_ahead = False
 
     def _one_cpu_node(self) -> bool:
         return not self.study.train.use_gpu and len(self.capacity.nodes) == 1
@@ -65,10 +68,19 @@ class FinishedTrials:
 
     def free_cores(self) -> float | None:
         """Cores where evaluation jobs may run now without slowing a trial (or a contended core skewing
-        speed's timings): those the training groups' threads leave on one CPU node. None where Ray's count
-        is the limit: a GPU study, one over several nodes, and whenever no worker pool trains (between
-        rounds, after training)."""
-        if not self._one_cpu_node() or self.workers is None or self.training_over.is_set() or not self.pool:
+        speed's timings): those the training groups' threads leave on one CPU node; none while its first
+        pool is still to start. None where Ray's count is the limit: a GPU study, one over several nodes, and
+        whenever no worker pool trains or is to start (between rounds, after training).
+
+        Before the first pool, the jobs of pretrained references and of trials an earlier run finished are
+        there at once: an actor started for them took a core as the groups asked for theirs, and a group
+        then waited for it to finish them, or it waited itself, and imported torch and transformers once
+        the groups had ended, for jobs their drained workers could run."""
+        if not self._one_cpu_node() or self.training_over.is_set():
+            return None
+        if self.pool_ahead:
+            return 0.0
+        if self.workers is None or not self.pool:
             return None
         busy, _ = self._groups_training()
         return self._cores_left(busy) if busy else None
