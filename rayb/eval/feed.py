@@ -27,7 +27,8 @@ class FinishedTrials:
         self.slots = 0
         self.workers: DrainedWorkers | None = None  # theirs, in a CPU study
         # Whether the study's first worker pool is still to start (runner.run_study): its groups are about
-        # to take the cores. (A study waiting for trials another study trains starts no pool meanwhile.)
+        # to take the cores. (A study whose every trial to train another study is training starts none:
+        # its jobs then wait until training is over.)
         self.pool_ahead = False
 
     def _one_cpu_node(self) -> bool:
