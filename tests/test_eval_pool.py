@@ -136,6 +136,7 @@ def test_cpu_jobs_start_only_on_the_cores_training_leaves_and_speed_once_none_tr
 def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
     """The pool lets its drained Train workers go where a worker group waits for resources now, asked afresh:
     not for one seen up to LOOK_S before (its own groups' placement groups, pending as they started)."""
+    import ray
 
     class Workers:
         released = False
@@ -154,8 +155,6 @@ def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
     assert [job.suite for _, _, job, _ in pool._running.values()] == ["lm"]  # speed keeps to an actor
     assert [job.suite for job in pool._queues[0.0]] == ["speed"]
     # A group that waits now: the workers go, their queued jobs stay for actors.
-    import ray
-
     waiting = ray.util.placement_group([{"CPU": 1000}])  # more than this Ray will ever have
     try:
         pool._queues[0.0].append(SimpleNamespace(suite="lm"))
