@@ -77,7 +77,10 @@ def trained(tiny_cache, tmp_path_factory):
     }
     # One worker group trains these one after another, as a study's pack does: each builds its own model,
     # optimizer and engine.
-    pack_trainer(TrialPack(tuple(trial for _, trial in one_worker.values()))).fit()
+    engines_left = out / "engines-left"
+    pack_trainer(
+        TrialPack(tuple(trial for _, trial in one_worker.values())), loop=_counting_engines(engines_left)
+    ).fit()
     # That run asked for its workers through the coordinator start_train_services starts early (or found).
     start_train_services()
     coordinators = {"after a run that asks": _alive_coordinators()}
@@ -88,7 +91,25 @@ def trained(tiny_cache, tmp_path_factory):
     pack_trainer(TrialPack((two_workers[1],)), loop=strict_train_loop, requests_resources=False).fit()
     coordinators["after a run that does not"] = _alive_coordinators()
     runs = one_worker | {("gpt2", 2): two_workers}
-    return {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}, coordinators
+    trained = {key: (study, Path(trial.trial_dir)) for key, (study, trial) in runs.items()}
+    return trained, coordinators, int(engines_left.read_text())
+
+
+def _counting_engines(report: Path):
+    """rayb's loop, then how many DeepSpeed engines are left in the worker, into `report`."""
+
+    def loop(config):
+        import gc
+
+        from deepspeed import DeepSpeedEngine
+
+        from rayb.train.loop import train_loop_per_worker
+
+        train_loop_per_worker(config)
+        gc.collect()
+        report.write_text(str(sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects())))
+
+    return loop
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +240,13 @@ def test_a_run_that_asks_no_autoscaler_starts_no_coordinator(trained):
 
     assert runtime.private_instance()  # the suite's Ray is one rayb started
     assert trained[1]["after a run that does not"] == 0
+
+
+def test_a_worker_keeps_no_engine_of_the_trials_it_has_trained(trained):
+    """A worker that trains a pack's trials one after another leaves none of their DeepSpeed engines (and so
+    none of their models, optimizer states or buffers) behind: DeepSpeed's optimizer holds an engine until it
+    is destroyed, and a worker kept every trial it had trained, memory a GPU's later trials needed."""
+    assert trained[2] == 0
 
 
 def _digests(trial_dir: Path) -> list[int]:

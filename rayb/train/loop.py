@@ -162,14 +162,20 @@ def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]
     """Train one trial to its end (or divergence) on this worker."""
     with without_muon():
         run = _set_up(trial, comm, costs)
-        status, steps_done = "ok", run.trial.steps
-        for step in range(run.start, run.trial.steps):
-            if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
-                status, steps_done = "diverged", step + 1
-                break
-            _end_of_step(run, done=step + 1)
-        _finish(run, status, steps_done)
-        del run
+        try:
+            status, steps_done = "ok", run.trial.steps
+            for step in range(run.start, run.trial.steps):
+                if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
+                    status, steps_done = "diverged", step + 1
+                    break
+                _end_of_step(run, done=step + 1)
+            _finish(run, status, steps_done)
+        finally:
+            # DeepSpeed's optimizer wrapper keeps the engine's backward hook, and with it the engine, its model,
+            # optimizer state and buffers (on a GPU, its memory), until the engine is destroyed: a worker
+            # kept every trial it had trained.
+            run.engine.destroy()
+            del run
     _release_memory(compiled=trial.train.compile)  # the next trial builds its own model and engine
 
 
