@@ -165,9 +165,8 @@ def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]
         try:
             status, steps_done = "ok", run.trial.steps
             for step in range(run.start, run.trial.steps):
-                if not math.isfinite(
-                    _train_step(run, step)
-                ):  # every rank sees the same global loss: all stop
+                # Every rank sees the same global loss: all stop.
+                if not math.isfinite(_train_step(run, step)):
                     status, steps_done = "diverged", step + 1
                     break
                 _end_of_step(run, done=step + 1)
