@@ -14,6 +14,7 @@ fp32 parameters, gradients and optimizer state, as the reference implementations
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -162,21 +163,15 @@ def train_trial(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]
     """Train one trial to its end (or divergence) on this worker."""
     with without_muon():
         run = _set_up(trial, comm, costs)
-        try:
-            status, steps_done = "ok", run.trial.steps
-            for step in range(run.start, run.trial.steps):
-                # Every rank sees the same global loss: all stop.
-                if not math.isfinite(_train_step(run, step)):
-                    status, steps_done = "diverged", step + 1
-                    break
-                _end_of_step(run, done=step + 1)
-            _finish(run, status, steps_done)
-        finally:
-            # DeepSpeed's optimizer wrapper keeps the engine's backward hook, and with it the engine, its model,
-            # optimizer state and buffers (on a GPU, its memory), until the engine is destroyed: a worker
-            # kept every trial it had trained.
-            run.engine.destroy()
-            del run
+        status, steps_done = "ok", run.trial.steps
+        for step in range(run.start, run.trial.steps):
+            if not math.isfinite(_train_step(run, step)):  # every rank sees the same global loss: all stop
+                status, steps_done = "diverged", step + 1
+                break
+            _end_of_step(run, done=step + 1)
+        _finish(run, status, steps_done)
+        run.engine.destroy()  # DeepSpeed's optimizer holds the engine (model, state, buffers) until then
+        del run
     _release_memory(compiled=trial.train.compile)  # the next trial builds its own model and engine
 
 
@@ -341,8 +336,6 @@ def _fetched(location: str, rank: int) -> Iterator[Path]:
 
 
 def _release_memory(compiled: bool) -> None:
-    import gc
-
     if compiled:  # dynamo's caches hold the last trial's graphs, guarded on its modules
         torch._dynamo.reset()
     gc.collect()
