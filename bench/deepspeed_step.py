@@ -27,6 +27,7 @@ import torch
 
 from rayb.eval.lm import logits_nll
 from rayb.models import build_model
+from rayb.train.deepspeed_imports import without_shm_comm
 from rayb.train.loop import deepspeed_config, make_optimizer, param_groups
 from rayb.train.spec import TrainSpec
 
@@ -59,6 +60,7 @@ def engine_step(train: TrainSpec):
     """rayb's: DeepSpeed's engine over the same model and optimizer (train/loop.py's set-up and step)."""
     import deepspeed
 
+    without_shm_comm()  # as rayb's workers start
     model, optimizer = model_and_optimizer(train)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(train))
 

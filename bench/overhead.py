@@ -34,8 +34,8 @@ Targets (issue 35): 1 seed ≤ 1.5×, 3 seeds ≤ 1.3×, 10 seeds ≤ 1.15× the
 costs ≤ 1.1× the plain loop's time for it; a study's fixed cost ≤ 15 s (the slope and the intercept of
 wall time against trials, through two seed counts that trained the same number of worker groups at once;
 and, less moved by one run's drift, each run's critical path less what its trials repeat). Data
-preparation ≤ 15 s; the smoke study ≤ 4 minutes from a warm install. One-time builds (DeepSpeed's shm op,
-rayb's fused Mamba scan) are done and timed first, and printed apart.
+preparation ≤ 15 s; the smoke study ≤ 4 minutes from a warm install. The one-time build (rayb's fused Mamba
+scan) is done and timed first, and printed apart.
 """
 
 from __future__ import annotations
@@ -63,11 +63,7 @@ PARTS = ("worker_start_s", "imports_s", "set_up_s", "checkpoint_s", "validation_
 
 def one_time_builds() -> dict[str, float]:
     """Build (or load from the cache) the compiled ops a first trial would build, timed."""
-    code = {
-        "DeepSpeed shm op": "import os; os.environ['DS_ACCELERATOR']='cpu'; "
-        "from deepspeed.comm.torch import build_shm_op; build_shm_op()",
-        "rayb fused Mamba scan": "from rayb.models.mamba_cpu import kernel; kernel()",
-    }
+    code = {"rayb fused Mamba scan": "from rayb.models.mamba_cpu import kernel; kernel()"}
     return {name: _timed([sys.executable, "-c", source])[0] for name, source in code.items()}
 
 

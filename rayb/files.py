@@ -78,3 +78,27 @@ def atomic_directory(target: Path) -> Iterator[AtomicDirectory]:
                 raise  # not a lost race: a real failure to move the result into place
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def one_at_a_time(lock_file: Path) -> Iterator[None]:
+    """Within, no other holder of `lock_file` on this machine is: for a build that one process does while
+    the others wait to read what it built. An flock, which the operating system lets go of as its process
+    ends, so a build killed midway (OOM, preemption) leaves no lock for the next process to wait on forever,
+    as torch's build directories do. Where the lock cannot be had (a read-only home, a file system that
+    takes no locks), the block runs unguarded."""
+    import fcntl
+
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_file, "w")  # noqa: SIM115  (closed below, which lets go of the lock)
+    except OSError:
+        handle = None
+    try:
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        if handle is not None:
+            handle.close()

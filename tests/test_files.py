@@ -1,10 +1,16 @@
-"""Atomic directories: a result appears whole or not at all, and nothing leaks when a build fails."""
+"""Atomic directories: a result appears whole or not at all, and nothing leaks when a build fails; one build
+at a time on a machine, and no lock left by a build killed midway."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 
-from rayb.files import atomic_directory
+from rayb.files import atomic_directory, one_at_a_time
 
 
 def test_a_finished_directory_appears_in_one_piece(tmp_path):
@@ -48,3 +54,50 @@ def test_a_tokenizer_that_fails_to_save_leaks_no_temp_dir(tmp_path, monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         train_bpe(["some text to learn merges from"] * 20, 300, tmp_path / "tok")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_builder_at_a_time_the_next_enters_when_the_first_leaves(tmp_path):
+    lock, events = tmp_path / "builds" / "scan.lock", []
+
+    def build(name: str) -> None:
+        with one_at_a_time(lock):
+            events.append(f"{name} in")
+            time.sleep(0.3)
+            events.append(f"{name} out")
+
+    first = threading.Thread(target=build, args=("first",))
+    first.start()
+    while not events:  # the first holds the lock
+        time.sleep(0.01)
+    second = threading.Thread(target=build, args=("second",))
+    second.start()
+    first.join(), second.join()
+    assert events == ["first in", "first out", "second in", "second out"]
+
+
+def test_a_builder_killed_midway_leaves_no_lock(tmp_path):
+    lock = tmp_path / "scan.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; from rayb.files import one_at_a_time\n"
+         f"with one_at_a_time(__import__('pathlib').Path({str(lock)!r})):\n print('in', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "in"
+    entered = threading.Event()
+
+    def build() -> None:
+        with one_at_a_time(lock):
+            entered.set()
+
+    threading.Thread(target=build, daemon=True).start()
+    assert not entered.wait(0.5)  # held by the live process
+    holder.kill()
+    holder.wait()
+    assert entered.wait(10)
+
+
+def test_where_no_lock_can_be_had_the_build_runs_unguarded(tmp_path):
+    (tmp_path / "a file").write_text("")
+    with one_at_a_time(tmp_path / "a file" / "scan.lock"):  # its directory cannot be made
+        ran = True
+    assert ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import signal
 import subprocess
@@ -153,7 +154,9 @@ import os, sys
 os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0",
                   WORLD_SIZE="1")
 import deepspeed, torch
-from rayb.train.deepspeed_imports import DEEPSPEED_MUON, DEEPSPEED_MUON_KERNELS, without_muon
+from rayb.train.deepspeed_imports import DEEPSPEED_MUON, DEEPSPEED_MUON_KERNELS, without_muon, without_shm_comm
+
+without_shm_comm()  # as rayb's workers train
 
 def trained(stage):
     torch.manual_seed(0)
@@ -179,6 +182,37 @@ print(all(torch.equal(a, b) for s, r in zip(stand_in, real) for a, b in zip(s, r
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-3:] == ["[]", "[]", "True"], done.stdout[-3000:]
+
+
+def test_a_worker_neither_compiles_nor_loads_deepspeeds_shared_memory_all_reduce(tmp_path):
+    """DeepSpeed's CPU backend compiles a C++ all-reduce as it starts where no build is cached (87 CPU-seconds
+    on 2 cores, in the first worker of a fresh machine) for tensor-parallel inference alone: a worker's
+    imports (train/loop.import_worker_libraries) tell it not to, and its ZeRO steps reduce as ever."""
+    import subprocess
+    import sys
+
+    from conftest import free_ports
+
+    (port,) = free_ports(1)
+    probe = f"""
+import os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+from rayb.train.loop import import_worker_libraries
+import_worker_libraries(use_gpu=False)
+import deepspeed, torch
+model = torch.nn.Linear(4, 4)
+config = {{"train_batch_size": 2, "zero_optimization": {{"stage": 1}}}}
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
+engine.backward(engine(torch.randn(2, 4)).square().mean())
+engine.step()
+print(deepspeed.comm.comm.cdb.shm_comm_op)
+"""
+    builds = tmp_path / "torch_extensions"
+    env = os.environ | {"TORCH_EXTENSIONS_DIR": str(builds)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "None", done.stdout[-3000:]
+    assert not builds.exists() or not any(builds.iterdir())
 
 
 def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):

@@ -18,7 +18,6 @@ model's context: a question always sees the facts it asks about.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -43,7 +42,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from rayb.data.corpus import QUESTION_PREFIX, generate_document, recall_answers
 from rayb.eval.registry import BENCHMARKS, Benchmark, EvalContext, make_options, register_benchmark
 from rayb.eval.scoring import context_limit, continuation_logprobs, device_of
-from rayb.files import digest, write_atomic
+from rayb.files import digest, one_at_a_time, write_atomic
 
 if TYPE_CHECKING:  # imported only where an evaluation runs
     from lm_eval.tasks import TaskManager
@@ -280,20 +279,14 @@ def cached_task_index(build: Callable, paths, **options) -> dict:
     cached = TASK_INDEX_DIR / f"index-{where}-{digest(files)}.pickle"
     if (index := _read_index(cached)) is not None:
         return index
-    try:
-        TASK_INDEX_DIR.mkdir(parents=True, exist_ok=True)
-        lock = open(TASK_INDEX_DIR / f"index-{where}.lock", "w")  # noqa: SIM115  (held below)
-    except OSError:  # no cache to write (a read-only home): this process indexes for itself
-        return build(paths, **options)
     # One process builds it; the others on the machine (eval actors starting together) wait to read it.
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with one_at_a_time(TASK_INDEX_DIR / f"index-{where}.lock"):
         if (index := _read_index(cached)) is not None:
             return index
         index = build(paths, **options)
         for stale in TASK_INDEX_DIR.glob(f"index-{where}-*.pickle"):
             stale.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # a full disk costs the next process a build, not this evaluation
+        with contextlib.suppress(OSError):  # a full disk or a read-only home costs the next process a build
             write_atomic(cached, pickle.dumps(index))
     return index
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from transformers.models.mamba.modeling_mamba import MambaMixer, apply_mask_to_padding_states
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 
-from rayb.files import atomic_directory
+from rayb.files import atomic_directory, one_at_a_time
 from rayb.models import kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
@@ -50,10 +50,10 @@ SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
 def kernel():
     """The compiled extension, or None (with a warning) where it cannot be built.
 
-    Builds are cached per source, flags, torch and Python under TORCH_EXTENSIONS_DIR/rayb. Each build
-    runs in its own scratch directory and is moved into place when complete, so concurrent workers
-    never wait on one another, and a worker killed mid-build (OOM, preemption) leaves no lock behind
-    for the next one to wait on forever, as torch's shared build directories do."""
+    Builds are cached per source, flags, torch and Python under TORCH_EXTENSIONS_DIR/rayb. One process on a
+    machine builds it while the others wait (about 40 CPU-seconds of a compiler on 2 cores, which every
+    process that wanted the scan on a fresh machine paid at once before), in a scratch directory moved
+    into place when complete; a process killed mid-build leaves no lock behind (files.one_at_a_time)."""
     # AVX2+FMA is where the vectorised exp pays off; it is part of the build key, so machines sharing
     # a home directory never load a build for instructions their CPU lacks.
     vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
@@ -64,14 +64,16 @@ def kernel():
             SOURCE.read_bytes() + " ".join([*flags, torch.__version__, sys.version]).encode()
         ).hexdigest()[:16]
         built = _builds_dir() / f"{name}-{key}" / f"{name}.so"
-        if built.exists():
-            spec = importlib.util.spec_from_file_location(name, built)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-        if built.parent.exists():  # an earlier rayb's build directory, left by a killed build
-            shutil.rmtree(built.parent, ignore_errors=True)
-        return _build(name, flags, built)
+        if not built.exists():
+            with one_at_a_time(built.parent.with_name(f"{name}-{key}.lock")):
+                if not built.exists():
+                    if built.parent.exists():  # an earlier rayb's build directory, left by a killed build
+                        shutil.rmtree(built.parent, ignore_errors=True)
+                    return _build(name, flags, built)
+        spec = importlib.util.spec_from_file_location(name, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     except Exception as error:  # no compiler, no headers: slower, but still correct
         warnings.warn(
             f"rayb could not compile its CPU selective scan ({error}); Mamba falls back to "

@@ -12,6 +12,20 @@ from contextlib import AbstractContextManager, contextmanager
 # without_muon).
 DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 DEEPSPEED_MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
+# The name under which DeepSpeed lists its shared-memory all-reduce among the ops it may build.
+DEEPSPEED_SHM_COMM = "deepspeed_shm_comm"
+
+
+def without_shm_comm() -> None:
+    """Have DeepSpeed's communication backend, as it starts, neither compile nor load its shared-memory
+    all-reduce. That C++ extension took 87 CPU-seconds to compile on 2 cores, in the first Train worker of a
+    machine with no build of it cached (a fresh laptop, cluster node or CI machine), the others waiting on
+    torch's build lock (which a worker killed mid-build leaves held); and it serves only DeepSpeed's
+    tensor-parallel inference (`inference_all_reduce`): ZeRO reduces gradients through torch.distributed.
+    DeepSpeed probes which ops this machine can build once per process, into a dict it keeps for edits."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[DEEPSPEED_SHM_COMM] = False
 
 
 def hidden(module: str) -> AbstractContextManager[None]:

@@ -44,7 +44,7 @@ from rayb.models.kernels import describe
 from rayb.models.pretrained import Checkpoint, initialise_from
 from rayb.models.registry import get_arch
 from rayb.train.collectives import HostCollectives
-from rayb.train.deepspeed_imports import hidden, without_muon
+from rayb.train.deepspeed_imports import hidden, without_muon, without_shm_comm
 from rayb.train.metrics_log import MetricsLog
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
@@ -217,8 +217,7 @@ def _start_worker(pack: TrialPack) -> None:
 def import_worker_libraries(use_gpu: bool) -> None:
     """DeepSpeed, for the accelerator it is to use, and what every model class builds on (transformers'
     modeling_utils: 2.7 CPU-seconds, else paid in the first trial's set-up): most of a worker's start-up
-    (timed as such), which a Train worker started ahead of its group has done already
-    (trainer.RayTrainWorker)."""
+    (timed as such), which a Train worker started ahead of its group has done (trainer.RayTrainWorker)."""
     if "deepspeed" in sys.modules:
         return
     if not use_gpu:
@@ -227,6 +226,7 @@ def import_worker_libraries(use_gpu: bool) -> None:
     with imports_frozen(), hidden("mlflow"):
         import deepspeed  # noqa: F401
         import transformers.modeling_utils  # noqa: F401
+    without_shm_comm()
 
 
 def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:
