@@ -187,19 +187,17 @@ print(all(torch.equal(a, b) for s, r in zip(stand_in, real) for a, b in zip(s, r
 def test_a_worker_neither_compiles_nor_loads_deepspeeds_shared_memory_all_reduce(tmp_path):
     """DeepSpeed's CPU backend compiles a C++ all-reduce as it starts where no build is cached (87 CPU-seconds
     on 2 cores, in the first worker of a fresh machine) for tensor-parallel inference alone: a worker's
-    imports (train/loop.import_worker_libraries) tell it not to, and its ZeRO steps reduce as ever."""
-    import subprocess
-    import sys
-
+    imports (train/loop.import_worker_libraries) tell it not to, also where DeepSpeed was imported before
+    them, and its ZeRO steps reduce as ever."""
     from conftest import free_ports
 
     (port,) = free_ports(1)
     probe = f"""
 import os
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+import deepspeed, torch  # before the worker's imports, as a test's wrapper of the loop does
 from rayb.train.loop import import_worker_libraries
 import_worker_libraries(use_gpu=False)
-import deepspeed, torch
 model = torch.nn.Linear(4, 4)
 config = {{"train_batch_size": 2, "zero_optimization": {{"stage": 1}}}}
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)

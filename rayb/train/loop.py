@@ -218,15 +218,14 @@ def import_worker_libraries(use_gpu: bool) -> None:
     """DeepSpeed, for the accelerator it is to use, and what every model class builds on (transformers'
     modeling_utils: 2.7 CPU-seconds, else paid in the first trial's set-up): most of a worker's start-up
     (timed as such), which a Train worker started ahead of its group has done (trainer.RayTrainWorker)."""
-    if "deepspeed" in sys.modules:
-        return
-    if not use_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
-    # Its autotuner, which rayb never runs, imports mlflow where it is installed: 0.7 s of each start.
-    with imports_frozen(), hidden("mlflow"):
-        import deepspeed  # noqa: F401
-        import transformers.modeling_utils  # noqa: F401
-    without_shm_comm()
+    if "deepspeed" not in sys.modules:
+        if not use_gpu:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+        # Its autotuner, which rayb never runs, imports mlflow where it is installed: 0.7 s of each start.
+        with imports_frozen(), hidden("mlflow"):
+            import deepspeed  # noqa: F401
+            import transformers.modeling_utils  # noqa: F401
+    without_shm_comm()  # also where something else imported DeepSpeed first
 
 
 def _set_up(trial: TrialSpec, comm: HostCollectives, costs: dict[str, float]) -> _Run:
