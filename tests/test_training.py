@@ -213,6 +213,20 @@ print(deepspeed.comm.comm.cdb.shm_comm_op)
     assert not builds.exists() or not any(builds.iterdir())
 
 
+def test_a_gpu_worker_probes_no_deepspeed_ops_for_the_shared_memory_all_reduce():
+    """Only DeepSpeed's CPU accelerator has the shared-memory all-reduce: under CUDA's, telling DeepSpeed not
+    to build it must not make it probe which ops the machine can build (compilers, GPU queries) either."""
+    probe = """
+from rayb.train.deepspeed_imports import without_shm_comm
+without_shm_comm()
+import deepspeed.ops
+print("__compatible_ops__" in vars(deepspeed.ops))
+"""
+    env = os.environ | {"DS_ACCELERATOR": "cuda"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "False", done.stderr[-3000:]
+
+
 def test_worker_groups_start_no_ray_data_machinery_nor_a_cleaner_actor(runs):
     """rayb passes Ray Train no datasets: its runs start no DatasetManager actor; nor does any run start
     Ray Train's placement-group cleaner actor, which without a dashboard cannot work (trainer.PackTrainer)."""

@@ -22,10 +22,13 @@ def without_shm_comm() -> None:
     machine with no build of it cached (a fresh laptop, cluster node or CI machine), the others waiting on
     torch's build lock (which a worker killed mid-build leaves held); and it serves only DeepSpeed's
     tensor-parallel inference (`inference_all_reduce`): ZeRO reduces gradients through torch.distributed.
-    DeepSpeed probes which ops this machine can build once per process, into a dict it keeps for edits."""
+    DeepSpeed probes which ops this machine can build once per process, into a dict it keeps for edits; only
+    its CPU accelerator has the op (elsewhere nothing is probed here)."""
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.ops.__compatible_ops__[DEEPSPEED_SHM_COMM] = False
+    if get_accelerator().create_op_builder("ShareMemCommBuilder") is not None:
+        deepspeed.ops.__compatible_ops__[DEEPSPEED_SHM_COMM] = False
 
 
 def hidden(module: str) -> AbstractContextManager[None]:
