@@ -51,9 +51,9 @@ def kernel():
     """The compiled extension, or None (with a warning) where it cannot be built.
 
     Builds are cached per source, flags, torch and Python under TORCH_EXTENSIONS_DIR/rayb. One process on a
-    machine builds it while the others wait (about 40 CPU-seconds of a compiler on 2 cores, which every
-    process that wanted the scan on a fresh machine paid at once before), in a scratch directory moved
-    into place when complete; a process killed mid-build leaves no lock behind (files.one_at_a_time)."""
+    machine builds it while the others wait (about 40 CPU-seconds of a compiler on 2 cores, which each
+    process that wanted it while none was built paid for itself before), in a scratch directory moved into
+    place when complete; a process killed mid-build leaves no lock behind (files.one_at_a_time)."""
     # AVX2+FMA is where the vectorised exp pays off; it is part of the build key, so machines sharing
     # a home directory never load a build for instructions their CPU lacks.
     vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
