@@ -82,7 +82,7 @@ def atomic_directory(target: Path) -> Iterator[AtomicDirectory]:
 
 @contextlib.contextmanager
 def one_at_a_time(lock_file: Path) -> Iterator[None]:
-    """Within, no other holder of `lock_file` on this machine is: for a build that one process does while
+    """Within, this is the only holder of `lock_file` on the machine: for a build that one process does while
     the others wait to read what it built. An flock, which the operating system lets go of as its process
     ends, so a build killed midway (OOM, preemption) leaves no lock for the next process to wait on forever,
     as torch's build directories do. Where the lock cannot be had (a read-only home, a file system that

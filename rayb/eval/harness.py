@@ -284,9 +284,9 @@ def cached_task_index(build: Callable, paths, **options) -> dict:
         if (index := _read_index(cached)) is not None:
             return index
         index = build(paths, **options)
-        for stale in TASK_INDEX_DIR.glob(f"index-{where}-*.pickle"):
-            stale.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # a full disk or a read-only home costs the next process a build
+            for stale in TASK_INDEX_DIR.glob(f"index-{where}-*.pickle"):
+                stale.unlink(missing_ok=True)
             write_atomic(cached, pickle.dumps(index))
     return index
 
