@@ -89,16 +89,8 @@ def one_at_a_time(lock_file: Path) -> Iterator[None]:
     takes no locks), the block runs unguarded."""
     import fcntl
 
-    try:
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_file, "w")  # noqa: SIM115  (closed below, which lets go of the lock)
-    except OSError:
-        handle = None
-    try:
-        if handle is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(handle, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
+        with contextlib.suppress(OSError):
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+            fcntl.flock(held.enter_context(open(lock_file, "w")), fcntl.LOCK_EX)
         yield
-    finally:
-        if handle is not None:
-            handle.close()
