@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers.models.mamba.modeling_mamba import MambaMixer
@@ -26,7 +30,9 @@ def naive_selective_scan(u, delta, A, B, C):
     return torch.stack(ys, -1)
 
 
-def test_fused_scan_and_its_gradients_match_the_recurrence():
+@pytest.mark.parametrize("threads", [1, 3])  # one block of rows, and blocks each with B and C's of its own
+def test_fused_scan_and_its_gradients_match_the_recurrence(threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     torch.manual_seed(0)
     batch, d, t, n = 3, 5, 40, 6
     u, B, C = torch.randn(batch, d, t), torch.randn(batch, t, n), torch.randn(batch, t, n)
@@ -41,6 +47,34 @@ def test_fused_scan_and_its_gradients_match_the_recurrence():
     got.backward(grad)
     for name, x, ref in zip("u delta A B C".split(), fused, exact, strict=True):
         torch.testing.assert_close(x.grad.double(), ref.grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_the_fused_scan_refuses_tensors_its_buffers_do_not_fit():
+    from rayb.models.mamba_cpu import kernel
+
+    scan = kernel()
+    u, A, B = torch.randn(2, 3, 5), torch.randn(3, 4), torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"\(2, 4, 4\) tensor where float32 \(2, 5, 4\)"):
+        scan.forward(u, u, A, B[:, :4].contiguous(), B)
+    with pytest.raises(ValueError, match="float64"):
+        scan.forward(u.double(), u, A, B, B)
+    with pytest.raises(ValueError, match="contiguous"):
+        scan.backward(u, u, A, B, B, torch.randn(2, 5, 3).transpose(1, 2))
+
+
+def test_building_and_loading_the_fused_scan_leaves_subnormal_floats_to_the_process(tmp_path):
+    """A shared library linked with -ffast-math (by GCC before 13) sets the CPU, as it loads, to flush
+    subnormal floats to zero in the whole process: torch's arithmetic would change with it."""
+    probe = (
+        "import torch\n"
+        "from rayb.models.mamba_cpu import kernel\n"
+        "assert kernel() is not None\n"
+        "print(float(torch.tensor(1e-40) * 1.0))\n"
+    )
+    env = os.environ | {"TORCH_EXTENSIONS_DIR": str(tmp_path)}  # a fresh build, then loaded
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) > 0.0  # 1e-40: subnormal in float32, flushed to zero
 
 
 def test_chunked_ssd_matches_the_recurrence_across_chunks():

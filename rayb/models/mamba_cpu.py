@@ -25,12 +25,12 @@ product is a plain batched matmul.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
-import importlib.util
 import os
 import shutil
-import sys
+import subprocess
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,34 +47,29 @@ SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
 
 
 @functools.cache
-def kernel():
-    """The compiled extension, or None (with a warning) where it cannot be built.
+def kernel() -> FusedScan | None:
+    """The compiled scan, or None (with a warning) where it cannot be built.
 
-    Builds are cached per source, flags, torch and Python under TORCH_EXTENSIONS_DIR/rayb. One process on a
-    machine builds it while the others wait (about 40 CPU-seconds of a compiler on 2 cores, which each
-    process that wanted it while none was built paid for itself before), in a scratch directory moved into
-    place when complete; a process killed mid-build leaves no lock behind (files.one_at_a_time)."""
+    Builds are cached per source, compiler and flags under TORCH_EXTENSIONS_DIR/rayb. One process on a
+    machine builds it while the others wait, in a scratch directory moved into place when complete; a
+    process killed mid-build leaves no lock behind (files.one_at_a_time)."""
     # AVX2+FMA is where the vectorised exp pays off; it is part of the build key, so machines sharing
     # a home directory never load a build for instructions their CPU lacks.
     vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    flags = ["-O3", "-ffast-math", "-fopenmp"] + (["-mavx2", "-mfma"] if vector else [])
+    compile_flags = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"] + (["-mavx2", "-mfma"] if vector else [])
+    compiler = os.environ.get("CXX", "c++")
     name = "rayb_selective_scan"
     try:
-        key = hashlib.sha256(
-            SOURCE.read_bytes() + " ".join([*flags, torch.__version__, sys.version]).encode()
-        ).hexdigest()[:16]
-        built = _builds_dir() / f"{name}-{key}" / f"{name}.so"
+        key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *compile_flags]).encode()).hexdigest()
+        built = _builds_dir() / f"{name}-{key[:16]}" / f"{name}.so"
         if not built.exists():
-            with one_at_a_time(built.parent.with_name(f"{name}-{key}.lock")):
+            with one_at_a_time(built.parent.with_name(f"{name}-{key[:16]}.lock")):
                 if not built.exists():
                     if built.parent.exists():  # an earlier rayb's build directory, left by a killed build
                         shutil.rmtree(built.parent, ignore_errors=True)
-                    return _build(name, flags, built)
-        spec = importlib.util.spec_from_file_location(name, built)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except Exception as error:  # no compiler, no headers: slower, but still correct
+                    _build(compiler, compile_flags, built)
+        return FusedScan(ctypes.CDLL(str(built)))
+    except Exception as error:  # no compiler: slower, but still correct
         warnings.warn(
             f"rayb could not compile its CPU selective scan ({error}); Mamba falls back to "
             "transformers' much slower scan",
@@ -88,14 +83,65 @@ def _builds_dir() -> Path:
     return Path(root) / "rayb"
 
 
-def _build(name: str, flags: list[str], target: Path):
-    from torch.utils.cpp_extension import load
-
+def _build(compiler: str, compile_flags: list[str], target: Path) -> None:
+    """Compile, then link without -ffast-math: linked with it, GCC before 13 adds crtfastmath.o to a shared
+    library, whose loading sets the CPU to flush subnormal floats to zero for the whole process (torch's
+    arithmetic included)."""
     with atomic_directory(target.parent) as scratch:  # readers see a whole build directory or none
-        return load(
-            name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-            build_directory=str(scratch.path),
-        )  # fmt: skip
+        objects = scratch.path / f"{target.stem}.o"
+        for command in (
+            [compiler, *compile_flags, "-c", str(SOURCE), "-o", str(objects)],
+            [compiler, "-shared", "-fopenmp", str(objects), "-o", str(scratch.path / target.name)],
+        ):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(command[:2])} failed: {done.stderr.strip()[-2000:]}")
+
+
+class FusedScan:
+    """csrc/selective_scan.cpp over float32 contiguous tensors, on as many threads as torch uses."""
+
+    _SIZES = [ctypes.c_int64] * 4 + [ctypes.c_int]  # batch, D, T, N; threads
+
+    def __init__(self, library: ctypes.CDLL):
+        self._forward, self._backward = library.rayb_scan_forward, library.rayb_scan_backward
+        self._forward.argtypes = [ctypes.c_void_p] * 6 + self._SIZES
+        self._backward.argtypes = [ctypes.c_void_p] * 11 + self._SIZES
+        self._forward.restype = self._backward.restype = None
+
+    def forward(self, u, delta, A, Bs, Cs) -> torch.Tensor:
+        _check(u, delta, A, Bs, Cs)
+        y = torch.empty_like(u)
+        self._forward(*_pointers(u, delta, A, Bs, Cs, y), *u.shape, A.shape[1], torch.get_num_threads())
+        return y
+
+    def backward(self, u, delta, A, Bs, Cs, gy) -> list[torch.Tensor]:
+        _check(u, delta, A, Bs, Cs, gy)
+        (batch, _, T), N, threads = u.shape, A.shape[1], torch.get_num_threads()
+        gu, gdelta, gA = torch.empty_like(u), torch.empty_like(delta), u.new_zeros(*u.shape[:2], N)
+        gB, gC = (u.new_zeros(threads, batch, T, N) for _ in range(2))  # one slice per thread
+        gradients = [gu, gdelta, gA, gB, gC]
+        self._backward(*_pointers(u, delta, A, Bs, Cs, gy, *gradients), *u.shape, N, threads)
+        return [gu, gdelta, gA.sum(0), gB.sum(0), gC.sum(0)]
+
+
+def _check(u, delta, A, Bs, Cs, *gy) -> None:
+    """The C code reads raw buffers by these shapes: anything else would read memory it does not own."""
+    (batch, D, T), N = u.shape, A.shape[-1]
+    rows, states = (batch, D, T), (batch, T, N)
+    for tensor, shape in zip(
+        (u, delta, A, Bs, Cs, *gy), (rows, rows, (D, N), states, states, rows), strict=False
+    ):
+        if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+            raise ValueError(
+                f"selective scan: a {tensor.dtype} {tuple(tensor.shape)} tensor where float32 {shape}"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError("selective scan: every tensor must be contiguous")
+
+
+def _pointers(*tensors: torch.Tensor) -> list[int]:
+    return [t.data_ptr() for t in tensors]
 
 
 class SelectiveScan(torch.autograd.Function):

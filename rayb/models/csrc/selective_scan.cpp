@@ -6,10 +6,18 @@
 //   y_t    = sum_n C_t[n] * h_t[n]
 //
 // Shapes (float32, contiguous): u, delta [batch, D, T]; A [D, N]; Bs, Cs [batch, T, N].
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+//
+// Plain C entry points over buffers the caller (mamba_cpu.py) allocates, with no torch or Python headers:
+// the build is one compiler call of about half a second, where one against torch/extension.h took about
+// 40 CPU-seconds and Python's headers. The (batch, channel) rows are split into one contiguous block per
+// thread, as at::parallel_for splits them. The library needs libgomp.so.1; where torch ships its runtime
+// under that name (its CPU wheels here do), the loader reuses torch's, and the scan and torch's own ops
+// share one pool of threads.
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -32,89 +40,96 @@ void scan_channel(const float* u, const float* delta, const float* A, const floa
   }
 }
 
+// y of the rows [begin, end) of batch * D.
+void forward_rows(const float* u, const float* delta, const float* A, const float* Bs, const float* Cs,
+                  float* y, int64_t D, int64_t T, int64_t N, int64_t begin, int64_t end) {
+  std::vector<float> state(N);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t b = i / D, d = i % D;
+    const float *ui = u + i * T, *di = delta + i * T, *Ad = A + d * N;
+    const float *Bb = Bs + b * T * N, *Cb = Cs + b * T * N;
+    std::fill(state.begin(), state.end(), 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      const float dt = di[t], dtu = di[t] * ui[t];
+      const float *bt = Bb + t * N, *ct = Cb + t * N;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t n = 0; n < N; ++n) {
+        state[n] = std::exp(dt * Ad[n]) * state[n] + dtu * bt[n];
+        acc += state[n] * ct[n];
+      }
+      y[i * T + t] = acc;
+    }
+  }
+}
+
+// Gradients of the rows [begin, end): gu, gdelta and gA at those rows; the rows' contributions to the
+// gradients of B and C, which all rows share, added into gB and gC.
+void backward_rows(const float* u, const float* delta, const float* A, const float* Bs, const float* Cs,
+                   const float* gy, float* gu, float* gdelta, float* gA, float* gB, float* gC, int64_t D,
+                   int64_t T, int64_t N, int64_t begin, int64_t end) {
+  std::vector<float> h(T * N), decay(T * N), gh(N);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t b = i / D, d = i % D;
+    const float *ui = u + i * T, *di = delta + i * T, *gyi = gy + i * T, *Ad = A + d * N;
+    const float *Bb = Bs + b * T * N, *Cb = Cs + b * T * N;
+    float *gBb = gB + b * T * N, *gCb = gC + b * T * N, *gAd = gA + i * N;
+    scan_channel(ui, di, Ad, Bb, T, N, h.data(), decay.data());
+    std::fill(gh.begin(), gh.end(), 0.0f);
+    for (int64_t t = T - 1; t >= 0; --t) {
+      const float dt = di[t], dtu = di[t] * ui[t], g = gyi[t];
+      const float *bt = Bb + t * N, *ct = Cb + t * N, *ht = h.data() + t * N, *at = decay.data() + t * N;
+      const float* hprev = t > 0 ? h.data() + (t - 1) * N : nullptr;
+      float *gbt = gBb + t * N, *gct = gCb + t * N;
+      float g_dtu = 0.0f, g_dt = 0.0f;
+#pragma omp simd reduction(+ : g_dtu, g_dt)
+      for (int64_t n = 0; n < N; ++n) {
+        gct[n] += g * ht[n];
+        gh[n] += g * ct[n];  // gh now holds dL/dh_t
+        const float prev = hprev ? hprev[n] : 0.0f;
+        const float g_decay = gh[n] * prev * at[n];  // dL/d(delta_t * A[n])
+        g_dt += g_decay * Ad[n];
+        gAd[n] += g_decay * dt;
+        g_dtu += gh[n] * bt[n];
+        gbt[n] += gh[n] * dtu;
+        gh[n] *= at[n];  // carried to h_{t-1}
+      }
+      gu[i * T + t] = g_dtu * dt;
+      gdelta[i * T + t] = g_dt + g_dtu * ui[t];
+    }
+  }
+}
+
+// body(begin, end, thread) over `rows` rows on `threads` threads, one contiguous block each.
+template <typename Body>
+void over_rows(int64_t rows, int threads, const Body& body) {
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t thread = omp_get_thread_num(), count = omp_get_num_threads();
+    const int64_t chunk = (rows + count - 1) / count;
+    if (thread * chunk < rows) body(thread * chunk, std::min(rows, (thread + 1) * chunk), thread);
+  }
+}
+
 }  // namespace
 
-torch::Tensor selective_scan_forward(torch::Tensor u, torch::Tensor delta, torch::Tensor A,
-                                     torch::Tensor Bs, torch::Tensor Cs) {
-  const int64_t batch = u.size(0), D = u.size(1), T = u.size(2), N = A.size(1);
-  auto y = torch::empty_like(u);
-  const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pA = A.data_ptr<float>();
-  const float *pB = Bs.data_ptr<float>(), *pC = Cs.data_ptr<float>();
-  float* py = y.data_ptr<float>();
-  at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> state(N);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / D, d = i % D;
-      const float *ui = pu + i * T, *di = pd + i * T, *Ad = pA + d * N;
-      const float *Bb = pB + b * T * N, *Cb = pC + b * T * N;
-      std::fill(state.begin(), state.end(), 0.0f);
-      for (int64_t t = 0; t < T; ++t) {
-        const float dt = di[t], dtu = di[t] * ui[t];
-        const float *bt = Bb + t * N, *ct = Cb + t * N;
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t n = 0; n < N; ++n) {
-          state[n] = std::exp(dt * Ad[n]) * state[n] + dtu * bt[n];
-          acc += state[n] * ct[n];
-        }
-        py[i * T + t] = acc;
-      }
-    }
+// y [batch, D, T].
+extern "C" void rayb_scan_forward(const float* u, const float* delta, const float* A, const float* Bs,
+                                  const float* Cs, float* y, int64_t batch, int64_t D, int64_t T, int64_t N,
+                                  int threads) {
+  over_rows(batch * D, threads, [&](int64_t begin, int64_t end, int64_t) {
+    forward_rows(u, delta, A, Bs, Cs, y, D, T, N, begin, end);
   });
-  return y;
 }
 
-// Gradients of u, delta, A, Bs, Cs given dL/dy. B and C are shared by all channels, so each thread
-// sums its channels' contributions into its own buffer; the caller adds the buffers up.
-std::vector<torch::Tensor> selective_scan_backward(torch::Tensor u, torch::Tensor delta, torch::Tensor A,
-                                                   torch::Tensor Bs, torch::Tensor Cs, torch::Tensor gy) {
-  const int64_t batch = u.size(0), D = u.size(1), T = u.size(2), N = A.size(1);
-  const int64_t threads = at::get_num_threads();
-  auto gu = torch::empty_like(u), gdelta = torch::empty_like(delta);
-  auto gA = torch::zeros({batch, D, N}, u.options());
-  auto gB = torch::zeros({threads, batch, T, N}, u.options());
-  auto gC = torch::zeros({threads, batch, T, N}, u.options());
-  const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pA = A.data_ptr<float>();
-  const float *pB = Bs.data_ptr<float>(), *pC = Cs.data_ptr<float>(), *pgy = gy.data_ptr<float>();
-  float *pgu = gu.data_ptr<float>(), *pgd = gdelta.data_ptr<float>(), *pgA = gA.data_ptr<float>();
-  float *pgB = gB.data_ptr<float>(), *pgC = gC.data_ptr<float>();
-  at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> h(T * N), decay(T * N), gh(N);
-    const int64_t slot = at::get_thread_num() * batch * T * N;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / D, d = i % D;
-      const float *ui = pu + i * T, *di = pd + i * T, *gyi = pgy + i * T, *Ad = pA + d * N;
-      const float *Bb = pB + b * T * N, *Cb = pC + b * T * N;
-      float *gBb = pgB + slot + b * T * N, *gCb = pgC + slot + b * T * N, *gAd = pgA + i * N;
-      scan_channel(ui, di, Ad, Bb, T, N, h.data(), decay.data());
-      std::fill(gh.begin(), gh.end(), 0.0f);
-      for (int64_t t = T - 1; t >= 0; --t) {
-        const float dt = di[t], dtu = di[t] * ui[t], g = gyi[t];
-        const float *bt = Bb + t * N, *ct = Cb + t * N, *ht = h.data() + t * N, *at = decay.data() + t * N;
-        const float* hprev = t > 0 ? h.data() + (t - 1) * N : nullptr;
-        float *gbt = gBb + t * N, *gct = gCb + t * N;
-        float g_dtu = 0.0f, g_dt = 0.0f;
-#pragma omp simd reduction(+ : g_dtu, g_dt)
-        for (int64_t n = 0; n < N; ++n) {
-          gct[n] += g * ht[n];
-          gh[n] += g * ct[n];  // gh now holds dL/dh_t
-          const float prev = hprev ? hprev[n] : 0.0f;
-          const float g_decay = gh[n] * prev * at[n];  // dL/d(delta_t * A[n])
-          g_dt += g_decay * Ad[n];
-          gAd[n] += g_decay * dt;
-          g_dtu += gh[n] * bt[n];
-          gbt[n] += gh[n] * dtu;
-          gh[n] *= at[n];  // carried to h_{t-1}
-        }
-        pgu[i * T + t] = g_dtu * dt;
-        pgd[i * T + t] = g_dt + g_dtu * ui[t];
-      }
-    }
+// Gradients given dL/dy (gy): gu, gdelta [batch, D, T]; gA [batch, D, N], zeroed; gB and gC
+// [threads, batch, T, N], zeroed, one slice for each thread's rows, which the caller adds up.
+extern "C" void rayb_scan_backward(const float* u, const float* delta, const float* A, const float* Bs,
+                                   const float* Cs, const float* gy, float* gu, float* gdelta, float* gA,
+                                   float* gB, float* gC, int64_t batch, int64_t D, int64_t T, int64_t N,
+                                   int threads) {
+  over_rows(batch * D, threads, [&](int64_t begin, int64_t end, int64_t thread) {
+    const int64_t slot = thread * batch * T * N;
+    backward_rows(u, delta, A, Bs, Cs, gy, gu, gdelta, gA, gB + slot, gC + slot, D, T, N, begin, end);
   });
-  return {gu, gdelta, gA.sum(0), gB.sum(0), gC.sum(0)};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &selective_scan_forward, "selective scan forward (CPU)");
-  m.def("backward", &selective_scan_backward, "selective scan backward (CPU)");
 }
