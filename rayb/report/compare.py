@@ -11,7 +11,7 @@ from pathlib import Path
 from rayb.analysis.efficiency import pareto_front
 from rayb.files import digest, write_atomic
 from rayb.report import plots
-from rayb.report.html import data_uri, to_html
+from rayb.report.html import to_html
 from rayb.report.sections import fmt, gate_headline, markdown_table, verdict_text
 from rayb.report.study_report import StudyReport, build_report, read_study_dir
 
@@ -62,7 +62,7 @@ def compare_studies(study_dirs: list[Path]) -> Comparison:
     return Comparison(reports, [row for r in reports for row in _rows(r)], notes, plots.pareto(points))
 
 
-def render_markdown(comparison: Comparison, image_src=lambda name: name) -> str:
+def render_markdown(comparison: Comparison) -> str:
     parts = [
         f"# Comparison of {len(comparison.reports)} studies",
         "",
@@ -83,7 +83,7 @@ def render_markdown(comparison: Comparison, image_src=lambda name: name) -> str:
         parts += [
             "## Loss vs training FLOPs, all studies",
             "",
-            f"![loss vs training FLOPs]({image_src(PLOT_NAME)})",
+            f"![loss vs training FLOPs]({PLOT_NAME})",
             "",
         ]
     return "\n".join(parts)
@@ -91,9 +91,10 @@ def render_markdown(comparison: Comparison, image_src=lambda name: name) -> str:
 
 def write_comparison(comparison: Comparison, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"report": write_atomic(out_dir / "comparison.md", render_markdown(comparison).encode())}
+    markdown = render_markdown(comparison)
+    files = {"report": write_atomic(out_dir / "comparison.md", markdown.encode())}
     if comparison.pareto:
         files["plot"] = write_atomic(out_dir / PLOT_NAME, comparison.pareto)
-    page = to_html(render_markdown(comparison, lambda _: data_uri(comparison.pareto)), "rayb comparison")
+    page = to_html(markdown, "rayb comparison", {PLOT_NAME: comparison.pareto})
     files["html"] = write_atomic(out_dir / "comparison.html", page.encode())
     return files

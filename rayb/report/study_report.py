@@ -27,7 +27,7 @@ from rayb.analysis.sequential import Round, replay, seed_values
 from rayb.analysis.verdict import Verdict, build_verdict, selected_rows
 from rayb.files import read_json, write_atomic
 from rayb.report import plots
-from rayb.report.html import data_uri, to_html
+from rayb.report.html import to_html
 from rayb.report.provenance import PROVENANCE_NAME
 from rayb.report.sections import (
     DECODES_ALL,
@@ -208,17 +208,17 @@ def _size_warnings(df: pd.DataFrame, study: dict[str, Any], reference: str, cand
     return size_warnings(models, counts, reference, candidates, study.get("train", {}).get("flops_budget"))
 
 
-def _image(report: StudyReport, name: str, image_src) -> str | None:
-    return image_src(name) if name in report.figures else None
+def _image(report: StudyReport, name: str) -> str | None:
+    return name if name in report.figures else None
 
 
-def _figure_line(report: StudyReport, name: str, image_src, missing: str) -> list[str]:
-    src = _image(report, name, image_src)
+def _figure_line(report: StudyReport, name: str, missing: str) -> list[str]:
+    src = _image(report, name)
     return [f"![{FIGURES[name]}]({src})" if src else missing, ""]
 
 
-def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
-    """The full report text; `image_src` maps a figure's file name to its link (a data URI for HTML)."""
+def render_markdown(report: StudyReport) -> str:
+    """The full report text, linking each figure by its file name."""
     verdict = report.verdict
     parts = [
         f"# Study report: {verdict.study}",
@@ -242,10 +242,10 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
     parts += rounds_section(report.rounds, report.design)
     parts += gate_section(report.gate)
     parts += efficiency_section(
-        report.efficiency, verdict.reference, _image(report, "pareto.png", image_src),
+        report.efficiency, verdict.reference, _image(report, "pareto.png"),
         check_marks(report.provenance, DECODES_ALL),
     )  # fmt: skip
-    parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png", image_src))
+    parts += scaling_section(report.scaling, report.parallels, _image(report, "scaling_law.png"))
     if verdict.excluded:
         rows = [
             [e["model"], f"{e['lr']:.3g}", str(e["seed"]), e["status"], str(e.get("step", "—"))]
@@ -257,26 +257,24 @@ def render_markdown(report: StudyReport, image_src=lambda name: name) -> str:
             markdown_table(("model", "lr", "seed", "status", "step"), rows),
             "",
         ]
-    parts += epoch_section(report, _image(report, "metrics.png", image_src))
+    parts += epoch_section(report, _image(report, "metrics.png"))
     parts += model_metrics_section(verdict, report.table)
     parts += benchmark_tables(verdict, report.table, report.provenance)
-    if src := _image(report, "overfit.png", image_src):
+    if src := _image(report, "overfit.png"):
         parts += [
             "### Smoke protocol: overfitting a fixed set",
             "",
             f"![{FIGURES['overfit.png']}]({src})",
             "",
         ]
-    if src := _image(report, "babilong.png", image_src):
+    if src := _image(report, "babilong.png"):
         parts += ["### BABILong-style accuracy", "", f"![{FIGURES['babilong.png']}]({src})", ""]
     parts += ["### Context scaling", ""]
-    parts += _figure_line(
-        report, "context_scaling.png", image_src, "Not measured: add `long_context` to eval."
-    )
+    parts += _figure_line(report, "context_scaling.png", "Not measured: add `long_context` to eval.")
     parts += ["### Speed and memory", ""]
-    parts += _figure_line(report, "speed.png", image_src, "Not measured: add `speed` to eval.")
+    parts += _figure_line(report, "speed.png", "Not measured: add `speed` to eval.")
     parts += ["## Loss curves", ""]
-    parts += _figure_line(report, "loss_curves.png", image_src, "No training curve was logged.")
+    parts += _figure_line(report, "loss_curves.png", "No training curve was logged.")
     parts += provenance_section(report.provenance)
     return "\n".join(parts)
 
@@ -322,10 +320,12 @@ def write_report(report: StudyReport, out_dir: Path) -> dict[str, Path]:
     for name, png in report.figures.items():
         write_atomic(out_dir / name, png)
     payload = json.dumps(report_to_dict(report), indent=2, allow_nan=False)
-    page = to_html(render_markdown(report, lambda name: data_uri(report.figures[name])), report.verdict.study)
+    markdown = render_markdown(report)
     return {
         "json": write_atomic(out_dir / JSON_NAME, (payload + "\n").encode()),
-        "report": write_atomic(out_dir / REPORT_NAME, render_markdown(report).encode()),
+        "report": write_atomic(out_dir / REPORT_NAME, markdown.encode()),
         "summary": write_atomic(out_dir / SUMMARY_NAME, summary_text(report).encode()),
-        "html": write_atomic(out_dir / HTML_NAME, page.encode()),
+        "html": write_atomic(
+            out_dir / HTML_NAME, to_html(markdown, report.verdict.study, report.figures).encode()
+        ),
     }
