@@ -212,7 +212,7 @@ def run_study(
         )
         if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
             log(f"Ray's dashboard: http://{url}")
-        if not eval_only:
+        if study.trained_models and not eval_only:
             start_first_group_ahead(study.train, trials_left=lambda: _may_train(study, out))
         if imports:
             imports.join()

@@ -544,19 +544,20 @@ def test_a_pools_warm_worker_trains_the_next_pools_group_and_no_other_outlives_i
     assert [a.state for a in job_actors("RayTrainWorker") if a.actor_id == warm.actor_id] == [dead]
 
 
-def test_a_studys_first_worker_starts_before_its_data_is_prepared_and_a_finished_study_starts_none(
+def test_a_studys_first_worker_and_controller_start_before_its_data_is_prepared_and_a_finished_study_starts_none(
     ray_session, tmp_path, monkeypatch
 ):
-    """A study that has trials to train starts its pool's first Train worker as soon as Ray is up, ahead of
-    its data, self-checks and planning (sweep.start_first_group_ahead): the pool's group adopts that worker
-    and trains on it. Run again, with every trial finished, it starts none."""
+    """A study that has trials to train starts its pool's first Train worker and its first run's controller
+    as soon as Ray is up, ahead of its data, self-checks and planning (sweep.start_first_group_ahead): the
+    pool's group adopts that worker and trains on it, under that controller. Run again, with every trial
+    finished, it starts neither."""
     import rayb.data.pipeline
     from rayb.runner import run_study
 
     prepare, seen = rayb.data.pipeline.prepare_data, []
 
     def preparing(*args, **kwargs):
-        seen.append(kept_worker_ids())
+        seen.append((kept_worker_ids(), kept_controller_ids()))
         return prepare(*args, **kwargs)
 
     monkeypatch.setattr(rayb.data.pipeline, "prepare_data", preparing)
@@ -565,15 +566,20 @@ def test_a_studys_first_worker_starts_before_its_data_is_prepared_and_a_finished
     study = parse_study(raw)
     release_kept_workers()
     before = {a.actor_id for a in job_actors("RayTrainWorker")}
+    controllers_before = {a["ActorID"] for a in session_actors("EnvController")}
     assert run_study(study, tmp_path, log=lambda _: None, ray_logs=False).trained == 1
-    (ahead,) = seen.pop()  # started before the data
-    # The only Train worker the study started, kept once its group of one ended cleanly.
+    (ahead,), (controller,) = seen.pop()  # started before the data
+    # The only Train worker and controller the study started, kept once its group of one ended cleanly.
     assert [a.actor_id.hex() for a in job_actors("RayTrainWorker") if a.actor_id not in before] == [ahead]
     assert kept_worker_ids() == {ahead}
+    assert [
+        a["ActorID"] for a in session_actors("EnvController") if a["ActorID"] not in controllers_before
+    ] == [controller]
+    assert kept_controller_ids() == {controller}
 
     release_kept_workers()
     assert run_study(study, tmp_path, log=lambda _: None, ray_logs=False).trained == 0
-    assert seen == [set()] and not kept_worker_ids()
+    assert seen == [(set(), set())] and not kept_worker_ids() and not kept_controller_ids()
 
 
 def test_worker_groups_adopt_the_drivers_synchronization_actor_pool_after_pool(tiny_cache, tmp_path):

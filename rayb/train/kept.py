@@ -3,7 +3,7 @@ its pools (a study's rounds of seeds; the studies of a notebook, a sweep script 
 Train workers (trainer.RayTrainWorker), which the groups adopt instead of starting their own
 (trainer.InheritingWorkerGroup), and the groups' synchronization actors, one each. It also keeps the
 Train controllers of the pools' runs that finished cleanly, on any cluster, for its next runs
-(trainer.PackTrainer). Driver-side only: Ray Train's controller, which unpickles train/trainer.py, never
+(trainer.PackTrainer), and one it starts ahead of a study's first run. Driver-side only: Ray Train's controller, which unpickles train/trainer.py, never
 imports this module."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ray.train.v2._internal.constants import (
 )
 from ray.train.v2._internal.execution.checkpoint.sync_actor import SynchronizationActor
 
-from rayb.train.trainer import RayTrainWorker
+from rayb.train.trainer import RayTrainWorker, new_controller
 
 # The idle actors this driver keeps between its pools (a study's rounds of seeds, the studies of a
 # notebook or a sweep script): warm Train workers, each of which has imported torch and DeepSpeed and kept a
@@ -103,6 +103,16 @@ def sync_arguments() -> dict[str, float | None]:
         "timeout_s": env_float(COLLECTIVE_TIMEOUT_S_ENV_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S),
         "warn_interval_s": env_float(COLLECTIVE_WARN_INTERVAL_S_ENV_VAR, DEFAULT_COLLECTIVE_WARN_INTERVAL_S),
     }
+
+
+def start_controller_ahead() -> None:
+    """Have a Train controller kept for this driver's next run, alive or starting: one it keeps, or else a
+    new one, which starts now and waits for that run (trainer.EnvController.reset). For a driver about to
+    prepare a study's data, check its models and plan its trials: the controller's start (its process, and
+    importing Ray Train: 2-3 s on 2 cores, which its run would otherwise wait for first) overlaps that
+    work instead of following it. Its process holds no resources, on any cluster."""
+    with _controllers_lock:
+        _kept_controllers[:] = _take_kept(_kept_controllers, len(_kept_controllers)) or [new_controller()]
 
 
 def take_controller():

@@ -311,10 +311,13 @@ class EnvController(TrainController):
     (1.6 CPU-seconds, on the group's critical path)."""
 
     def __init__(
-        self, env_vars: dict[str, str], workers_inherit: bool, warm_from: str | None = None, **kwargs
-    ):
+        self, env_vars: dict[str, str] | None = None, workers_inherit: bool = False, warm_from: str | None = None,
+        **kwargs,
+    ):  # fmt: skip
         # The environment this process started with, every worker's too (a reset keeps the first one's).
         self._started_with = getattr(self, "_started_with", None) or dict(os.environ)
+        if env_vars is None:  # started ahead of a run (kept.start_controller_ahead), whose `reset` starts it
+            return
         if workers_inherit:
             self.worker_group_cls = type(
                 "InheritingWorkerGroup",
@@ -422,10 +425,7 @@ class PackTrainer(DataParallelTrainer):
                      "warm_from": self.queue, **controller_init_kwargs}  # fmt: skip
         controller = self._kept_controller(arguments) if self.queue is not None else None
         if controller is None:
-            on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
-            controller = ray.remote(num_cpus=0, label_selector=on_this_node)(EnvController).remote(
-                **arguments
-            )
+            controller = new_controller(**arguments)
         # Ray Train's Ctrl-C handler aborts this run; it goes once the run ends, for it holds the controller's
         # handle (which kept an idle controller alive until the next run's handler replaced it) and would
         # abort a run long over. Only on the main thread: elsewhere signal handlers cannot be set.
@@ -477,6 +477,15 @@ class PackTrainer(DataParallelTrainer):
         callbacks = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
         recorder = [CheckpointRecorder(self.pack)] if self.pack else []
         return callbacks + recorder + ([PoolCleaner(self.queue)] if self.queue else [])
+
+
+def new_controller(**arguments):
+    """A Train controller (EnvController) on the driver's node, which outlives the nodes a cluster may lose;
+    with no `arguments`, one that waits for a run's `reset`."""
+    import ray
+
+    on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
+    return ray.remote(num_cpus=0, label_selector=on_this_node)(EnvController).remote(**arguments)
 
 
 def pack_trainer(

@@ -32,6 +32,7 @@ from rayb.report.status import write_cluster
 from rayb.train.kept import (
     keep_sync_actors,
     keep_warm_workers,
+    start_controller_ahead,
     start_sync_actors,
     start_warm_workers,
     start_workers_ahead,
@@ -81,11 +82,18 @@ def _starts_workers_ahead(train: TrainSpec) -> bool:
 
 
 def start_first_group_ahead(train: TrainSpec, trials_left: Callable[[], bool]) -> None:
-    """Where a pool starts its groups' workers itself, and `trials_left()` (asked only there), start its
-    first group's now (kept.start_workers_ahead), for the driver's next pool: a study's, once its data is
-    prepared, its models checked and its trials planned."""
-    if _starts_workers_ahead(train) and trials_left():
+    """Start the first run's Train controller now (kept.start_controller_ahead), and where a pool starts its
+    groups' workers itself, its first group's workers (kept.start_workers_ahead), for the driver's next
+    pool: a study's, once its data is prepared, its models checked and its trials planned. Not where the
+    pool starts its workers and `trials_left()` says no: a rerun of a finished study starts neither. It is
+    asked only there, on rayb's private instance: on a cluster, listing the trials of a shared output on
+    object storage would take longer than the controller it might spare (whose start a rerun pays, on no
+    critical path)."""
+    if _starts_workers_ahead(train):
+        if not trials_left():
+            return
         start_workers_ahead(train.num_workers)
+    start_controller_ahead()
 
 
 def queue_name() -> str:
