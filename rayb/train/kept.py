@@ -3,8 +3,8 @@ its pools (a study's rounds of seeds; the studies of a notebook, a sweep script 
 Train workers (trainer.RayTrainWorker), which the groups adopt instead of starting their own
 (trainer.InheritingWorkerGroup), and the groups' synchronization actors, one each. It also keeps the
 Train controllers of the pools' runs that finished cleanly, on any cluster, for its next runs
-(trainer.PackTrainer), and one it starts ahead of a study's first run. Driver-side only: Ray Train's controller, which unpickles train/trainer.py, never
-imports this module."""
+(trainer.PackTrainer), and one it starts ahead of a study's first run. Driver-side only: Ray Train's
+controller, which unpickles train/trainer.py, never imports this module."""
 
 from __future__ import annotations
 

@@ -64,10 +64,14 @@ void forward_rows(const float* u, const float* delta, const float* A, const floa
 }
 
 // Gradients of the rows [begin, end): gu, gdelta and gA at those rows; the rows' contributions to the
-// gradients of B and C, which all rows share, added into gB and gC.
-void backward_rows(const float* u, const float* delta, const float* A, const float* Bs, const float* Cs,
-                   const float* gy, float* gu, float* gdelta, float* gA, float* gB, float* gC, int64_t D,
-                   int64_t T, int64_t N, int64_t begin, int64_t end) {
+// gradients of B and C, which all rows share, added into gB and gC. No buffer overlaps another (the caller
+// allocates the gradients): told so, the compiler keeps the backward as fast as the torch extension's was
+// (without it, about 10% slower at N = 16 on one thread).
+void backward_rows(const float* __restrict__ u, const float* __restrict__ delta, const float* __restrict__ A,
+                   const float* __restrict__ Bs, const float* __restrict__ Cs, const float* __restrict__ gy,
+                   float* __restrict__ gu, float* __restrict__ gdelta, float* __restrict__ gA,
+                   float* __restrict__ gB, float* __restrict__ gC, int64_t D, int64_t T, int64_t N,
+                   int64_t begin, int64_t end) {
   std::vector<float> h(T * N), decay(T * N), gh(N);
   for (int64_t i = begin; i < end; ++i) {
     const int64_t b = i / D, d = i % D;
