@@ -44,15 +44,16 @@ from rayb.files import atomic_directory, one_at_a_time
 from rayb.models import kernels
 
 SOURCE = Path(__file__).parent / "csrc" / "selective_scan.cpp"
+LINK_FLAGS = ["-shared", "-fopenmp"]  # no -ffast-math: see _build
 
 
 @functools.cache
 def kernel() -> FusedScan | None:
     """The compiled scan, or None (with a warning) where it cannot be built.
 
-    Builds are cached per source, compiler and flags under TORCH_EXTENSIONS_DIR/rayb. One process on a
-    machine builds it while the others wait, in a scratch directory moved into place when complete; a
-    process killed mid-build leaves no lock behind (files.one_at_a_time)."""
+    Builds are cached per source, compiler and flags (compile and link) under TORCH_EXTENSIONS_DIR/rayb.
+    One process on a machine builds it while the others wait, in a scratch directory moved into place when
+    complete; a process killed mid-build leaves no lock behind (files.one_at_a_time)."""
     # AVX2+FMA is where the vectorised exp pays off; it is part of the build key, so machines sharing
     # a home directory never load a build for instructions their CPU lacks.
     vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
@@ -60,10 +61,11 @@ def kernel() -> FusedScan | None:
     compiler = os.environ.get("CXX", "c++")
     name = "rayb_selective_scan"
     try:
-        key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *compile_flags]).encode()).hexdigest()
-        built = _builds_dir() / f"{name}-{key[:16]}" / f"{name}.so"
+        build = " ".join([compiler, *compile_flags, "&&", *LINK_FLAGS])
+        key = hashlib.sha256(SOURCE.read_bytes() + build.encode()).hexdigest()[:16]
+        built = _builds_dir() / f"{name}-{key}" / f"{name}.so"
         if not built.exists():
-            with one_at_a_time(built.parent.with_name(f"{name}-{key[:16]}.lock")):
+            with one_at_a_time(built.parent.with_name(f"{name}-{key}.lock")):
                 if not built.exists():
                     if built.parent.exists():  # an earlier rayb's build directory, left by a killed build
                         shutil.rmtree(built.parent, ignore_errors=True)
@@ -91,7 +93,7 @@ def _build(compiler: str, compile_flags: list[str], target: Path) -> None:
         objects = scratch.path / f"{target.stem}.o"
         for command in (
             [compiler, *compile_flags, "-c", str(SOURCE), "-o", str(objects)],
-            [compiler, "-shared", "-fopenmp", str(objects), "-o", str(scratch.path / target.name)],
+            [compiler, *LINK_FLAGS, str(objects), "-o", str(scratch.path / target.name)],
         ):
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
