@@ -500,3 +500,10 @@ def test_the_report_says_how_many_task_samples_lost_context(results):
     md = render_markdown(build_report(results, provenance()))
     assert "up to 7 of 40 samples per checkpoint (mamba) lost their start" in md
     assert "| truncated" not in md  # said once in words, not as a score column
+
+
+def test_the_html_page_inlines_the_figures_it_links_and_skips_one_not_drawn():
+    from rayb.report.html import to_html
+
+    page = to_html("![loss](a.png)\n", "t", {"a.png": b"\x89PNG", "b.png": None})
+    assert page.count('src="data:image/png;base64,') == 1 and "b.png" not in page

@@ -311,10 +311,8 @@ class EnvController(TrainController):
     (1.6 CPU-seconds, on the group's critical path); so is one the driver starts with no run, ahead of a
     study's first (kept.start_controller_ahead)."""
 
-    def __init__(
-        self, env_vars: dict[str, str] | None = None, workers_inherit: bool = False, warm_from: str | None = None,
-        **kwargs,
-    ):  # fmt: skip
+    def __init__(self, env_vars: dict[str, str] | None = None, workers_inherit: bool = False,
+                 warm_from: str | None = None, **kwargs):  # fmt: skip
         # The environment this process started with, every worker's too (a reset keeps the first one's).
         self._started_with = getattr(self, "_started_with", None) or dict(os.environ)
         if env_vars is None:  # started ahead of a run (kept.start_controller_ahead), whose `reset` starts it
@@ -481,8 +479,7 @@ class PackTrainer(DataParallelTrainer):
 
 
 def new_controller(**arguments):
-    """A Train controller (EnvController) on the driver's node, which outlives the nodes a cluster may lose;
-    with no `arguments`, one that waits for a run's `reset`."""
+    """An EnvController on the driver's node (which outlives the others); with no `arguments`, idle till `reset`."""
     import ray
 
     on_this_node = {ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
