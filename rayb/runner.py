@@ -212,20 +212,22 @@ def run_study(
         )
         if url := runtime.init_ray(None if ray_logs else study_local / RAY_LOG, dashboard):
             log(f"Ray's dashboard: http://{url}")
-        if study.trained_models and not eval_only:
+        trains = study.trained_models and not eval_only
+        cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
+        unfit = unfittable(study.train, capacity) if trains else None
+        if trains and not unfit:  # a trial that can never start starts no process either
             start_first_group_ahead(study.train, trials_left=lambda: _may_train(study, out))
         if imports:
             imports.join()
+        if unfit:
+            raise StudyError(f"train: {unfit}")
         if not ray_logs:
             log(
                 f"Ray's own logs: {study_local / RAY_LOG} (driver) and {runtime.session_logs()} (workers); -v shows them here"
             )
-        cores, capacity = runtime.compute_cores(study.train.use_gpu), runtime.capacity()
-        if study.trained_models and not eval_only:
-            if why := unfittable(study.train, capacity):
-                raise StudyError(f"train: {why}")
-            if not runtime.private_instance():  # else no autoscaler serves it (trainer.UnservedScalingPolicy)
-                start_train_services()
+        # On rayb's private instance no autoscaler serves the groups (trainer.UnservedScalingPolicy).
+        if trains and not runtime.private_instance():
+            start_train_services()
         stages.end("ray_start")
         log("preparing data (tokenize, pack, mix) ...")
         cache = prepare_data(study.data, storage.join(out, "cache"), progress=log)

@@ -67,7 +67,20 @@ def test_a_trial_the_cluster_can_never_fit_fails_before_any_work(head_node, tmp_
     workers = CPUS + 2  # micro-batches of 1 make any worker count divide the global batch
     study = tiny_study_dict(seeds=[0])
     study["train"] |= {"num_workers": workers, "micro_batch": 1, "global_batch": workers}
+    before = _train_actors(head_node)
     done, out = _submit(study, tmp_path, head_node)
     assert done.returncode != 0
     assert f"a trial needs {workers} CPU" in done.stdout and f"have {CPUS} CPU" in done.stdout
     assert not (out / "cache").exists()  # it stopped before preparing data
+    assert _train_actors(head_node) == before  # nor started a Train controller or worker ahead of its runs
+
+
+def _train_actors(address: str) -> set[str]:
+    """The Ray Train controllers and workers the cluster has started, alive or gone."""
+    from ray.util.state import list_actors
+
+    return {
+        a.actor_id
+        for kind in ("EnvController", "RayTrainWorker")
+        for a in list_actors(address=address, filters=[("class_name", "=", kind)], limit=10_000)
+    }

@@ -34,7 +34,7 @@ from conftest import (
 from rayb import storage
 from rayb.data.cache import row_digest
 from rayb.runner import plan_trials
-from rayb.study import Study, parse_study
+from rayb.study import Study, StudyError, parse_study
 from rayb.train.kept import kept_controller_ids, release_kept_workers, take_controller
 from rayb.train.loop import METRICS, wanted_by
 from rayb.train.trainer import pack_trainer
@@ -580,6 +580,25 @@ def test_a_studys_first_worker_and_controller_start_before_its_data_is_prepared_
     release_kept_workers()
     assert run_study(study, tmp_path, log=lambda _: None, ray_logs=False).trained == 0
     assert seen == [(set(), set())] and not kept_worker_ids() and not kept_controller_ids()
+
+
+def test_a_study_whose_trial_can_never_fit_starts_no_worker_nor_controller(ray_session, tmp_path):
+    """A trial wider than rayb's private instance (one node of this machine's cores, no autoscaler) stops
+    the study as soon as Ray is up, before its first Train worker and controller would start ahead."""
+    from rayb.runner import run_study
+
+    workers = (os.cpu_count() or 1) + 1  # micro-batches of 1 make any worker count divide the global batch
+    raw = tiny_study_dict(seeds=[0])
+    raw["train"] |= {"num_workers": workers, "micro_batch": 1, "global_batch": workers}
+    release_kept_workers()
+
+    def started() -> set[str]:
+        return {a["ActorID"] for kind in ("RayTrainWorker", "EnvController") for a in session_actors(kind)}
+
+    before = started()
+    with pytest.raises(StudyError, match=f"train: a trial needs {workers} CPU"):
+        run_study(parse_study(raw), tmp_path, log=lambda _: None, ray_logs=False)
+    assert started() == before and not kept_worker_ids() and not kept_controller_ids()
 
 
 def test_worker_groups_adopt_the_drivers_synchronization_actor_pool_after_pool(tiny_cache, tmp_path):
