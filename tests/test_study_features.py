@@ -172,3 +172,21 @@ def test_data_prepare_caches_local_data_and_names_what_it_cannot_fetch(ray_sessi
     assert "missing corpus wikitext2" in lines and "missing pretrained EleutherAI/pythia-14m" in lines
     assert "missing lm_eval hellaswag" in lines and "missing lm_eval piqa" in lines
     assert "rayb_facts" not in lines  # rayb's own tasks are generated, nothing to fetch
+
+
+def test_data_prepare_builds_an_lm_eval_task_it_can_reach(tmp_path, monkeypatch):
+    """What `rayb data prepare` does for a reachable lm-eval task or group (offline here: rayb's own tasks,
+    whose data is local, through lm-eval's TaskManager as the hub's go): builds every task, and so loads
+    its data, and counts a group's tasks."""
+    from lm_eval.tasks import TaskManager
+
+    from rayb.data import prepare
+    from rayb.eval import harness
+
+    for task in ("rayb_facts", "rayb_text"):
+        harness.rayb_tasks(tmp_path, task, n_docs=4, fits=lambda _: True)
+    (tmp_path / "rayb_both.yaml").write_text("group: rayb_both\ntask: [rayb_facts, rayb_text]\n")
+    local = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    monkeypatch.setattr(harness, "lm_eval_tasks", lambda: local)
+    assert prepare._lm_eval_task("rayb_facts") == "1 task(s) loaded into the datasets cache"
+    assert prepare._lm_eval_task("rayb_both") == "2 task(s) loaded into the datasets cache"

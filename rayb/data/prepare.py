@@ -95,9 +95,8 @@ def _lm_eval_tasks(study: Study) -> list[str]:
 
 
 def _lm_eval_task(task: str) -> str:
-    from lm_eval.tasks import get_task_dict
-
     from rayb.eval.harness import lm_eval_tasks
 
-    tasks = get_task_dict([task], lm_eval_tasks())  # loads (downloads) each task's dataset
+    # Builds each of its tasks (a group's every one), and so loads (downloads) their datasets.
+    tasks = lm_eval_tasks().load(task)["tasks"]
     return f"{len(tasks)} task(s) loaded into the datasets cache"
