@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -95,12 +96,15 @@ def test_sliding_window_on_a_corpus_file(tiny_cache, tokenizer, tmp_path):
         check_suite_argument("lm:no-such-corpus")
 
 
-def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer, monkeypatch):
+def test_lm_eval_task_runs_through_rayb_template_lm(tiny_cache, tokenizer, monkeypatch, caplog):
     reports = []  # torch's environment report, which lm-eval adds to its results: subprocesses, seconds
     monkeypatch.setattr("torch.utils.collect_env.get_pretty_env_info", lambda: reports.append(1) or "")
     ctx = context(tiny("mamba2", tiny_cache), tiny_cache, tokenizer)
-    metrics = run_lm_eval(ctx, "rayb_text", LMEvalOptions(limit=6, rayb_task_docs=12))
+    with caplog.at_level(logging.INFO):
+        metrics = run_lm_eval(ctx, "rayb_text", LMEvalOptions(limit=6, rayb_task_docs=12))
     assert reports == []  # rayb keeps none of it
+    # Nor lm-eval's lines below an error (its seeds, its notices), in an eval actor's log or here.
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []
     assert metrics["sample_len"] == 6 and metrics["bits_per_byte"] > 0 and metrics["task_version"] == "1"
     assert metrics["truncated"] == 0  # rolling windows score every token with no cut context
 

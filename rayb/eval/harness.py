@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import pickle
 import tempfile
@@ -315,6 +316,9 @@ def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str
     from lm_eval.tasks import TaskManager
 
     evaluator.add_env_info = _no_environment_report
+    # lm-eval logs its errors only: rayb reports the evaluation itself. simple_evaluate's `verbosity`,
+    # which once set this, now does nothing but log that it is deprecated.
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     max_length = min(ctx.seq_len, context_limit(ctx.model) or ctx.seq_len)
     lm = RaybLM(ctx.model, ctx.tokenizer, max_length, options.batch_size)
     with tempfile.TemporaryDirectory(prefix="rayb-lm-eval-") as include:
@@ -330,7 +334,7 @@ def run_lm_eval(ctx: EvalContext, task: str, options: LMEvalOptions) -> dict[str
             limit=options.limit,
             task_manager=tasks,
             random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
-            fewshot_random_seed=ctx.seed, bootstrap_iters=0, verbosity="ERROR",
+            fewshot_random_seed=ctx.seed, bootstrap_iters=0,
         )  # fmt: skip
     metrics = {}
     for name, scores in results["results"].items():  # a group task reports each member too
