@@ -94,8 +94,9 @@ def test_a_drained_worker_lost_mid_evaluation_costs_its_job_one_attempt(ray_sess
     deadline, killed = time.time() + 300, []
     while not killed:
         alive = study.is_alive()  # where it ended first, its own lines say where its jobs ran instead
-        ended = "it is still running" if alive else outcome["result"].output
-        assert alive and time.time() < deadline, f"no drained worker ran the job; {ended}"
+        assert alive and time.time() < deadline, (
+            f"no drained worker ran the job; {outcome['result'].output if not alive else 'it is still running'}"
+        )
         queues = [a for a in session_actors("TrialQueue") if a["State"] == "ALIVE"]
         scored = list(out.glob("trials/*/eval/lm-*.json"))  # then overfit is the job handed over next
         if queues and scored and ray.get(ray.get_actor(queues[0]["Name"]).relay_state.remote())["busy"]:

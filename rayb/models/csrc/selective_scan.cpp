@@ -9,10 +9,10 @@
 //
 // Plain C entry points over buffers the caller (mamba_cpu.py) allocates, with no torch or Python headers:
 // the build is a compile and a link, about half a second, where a build against torch/extension.h took
-// about 40 CPU-seconds and needed Python's headers. The (batch, channel) rows are split into one contiguous block per
-// thread, as at::parallel_for splits them. The library needs libgomp.so.1; where torch ships its runtime
-// under that name (its CPU wheels here do), the loader reuses torch's, and the scan and torch's own ops
-// share one pool of threads.
+// about 40 CPU-seconds and needed Python's headers. The (batch, channel) rows are split into one
+// contiguous block per thread, as at::parallel_for splits them. The library needs libgomp.so.1; where
+// torch ships its runtime under that name (its CPU wheels here do), the loader reuses torch's, and the
+// scan and torch's own ops share one pool of threads.
 #include <omp.h>
 
 #include <algorithm>
