@@ -147,7 +147,8 @@ def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
         def release(self):
             self.released = True
 
-    pool, workers = EvalPool(num_actors=2, use_gpu=False, log=lambda _: None), Workers()
+    lines = []
+    pool, workers = EvalPool(num_actors=2, use_gpu=False, log=lines.append), Workers()
     pool._queues = {0.0: [SimpleNamespace(suite="lm"), SimpleNamespace(suite="speed")]}
     pool._looked, pool._waiting = time.monotonic(), True  # a pending placement group, seen just now
     state = {"released": False, "drained": True, "finished": False, "groups": 2, "free": 1}
@@ -161,6 +162,8 @@ def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
         pool._looked, pool._waiting = time.monotonic(), True
         assert pool._relay(workers, state) == [] and workers.released
         assert [job.suite for job in pool._queues[0.0]] == ["speed", "lm"]
+        assert lines == ["  eval: a worker group waits for resources: the drained Train workers go; 2 queued jobs "
+                         "wait for eval actors"]  # fmt: skip
     finally:
         ray.util.remove_placement_group(waiting)
 

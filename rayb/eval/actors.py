@@ -465,7 +465,12 @@ class EvalPool:
         # within LOOK_S of their start. Letting the workers go for that left their jobs to actors, which
         # waited for the groups to end and then imported torch and transformers anew: 10 s of a study's
         # evaluation, not 4. (Only then: with 200 placement groups in the GCS's table, each ask takes 11 ms.)
-        if (state["finished"] and not theirs) or (self._groups_wait() and self._groups_wait(max_age_s=0.0)):
+        if state["finished"] and not theirs:
+            workers.release()
+            return []
+        if self._groups_wait() and self._groups_wait(max_age_s=0.0):
+            self.log(f"  eval: a worker group waits for resources: the drained Train workers go; {len(queue)} "
+                     "queued jobs wait for eval actors")  # fmt: skip
             workers.release()
             return []
         if not state["groups"]:  # no drained worker can come any more: actors take them
