@@ -66,7 +66,7 @@ def test_host_collectives_reduce_over_a_gloo_group_beside_nccl(strict_world):
     ],
 )
 def test_the_precision_rule(precision, use_gpu, resolved):
-    from rayb.train.loop import deepspeed_config
+    from rayb.train.engine import deepspeed_config
 
     raw = tiny_study_dict()
     raw["train"] |= {"precision": precision, "use_gpu": use_gpu}

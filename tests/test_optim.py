@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rayb.train.loop import make_optimizer
+from rayb.train.engine import make_optimizer
 
 LR, BETAS, WD, EPS, A = 1e-2, (0.9, 0.99), 0.1, 1e-6, 1.27
 

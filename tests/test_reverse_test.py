@@ -16,7 +16,7 @@ import torch
 from rayb.data import held_out
 from rayb.data.cache import TokenCache, micro_batch_rows, row_digest
 from rayb.eval.lm import evaluate_lm
-from rayb.train.loop import param_groups as rayb_param_groups
+from rayb.train.engine import param_groups as rayb_param_groups
 from rayb.train.loop import validation_rows as rayb_validation_rows
 from rayb.train.schedule import lr_multiplier
 

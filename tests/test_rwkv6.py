@@ -186,7 +186,7 @@ def test_shape_gives_buildable_configs(d_model):
 
 
 def test_time_mixing_parameters_are_not_weight_decayed():
-    from rayb.train.loop import param_groups
+    from rayb.train.engine import param_groups
 
     model = RWKV6LM(rwkv6.RWKV6Config(vocab_size=64, d_model=64, n_layer=2))
     decayed, exempt = (set(map(id, g["params"])) for g in param_groups(model, 0.1))

@@ -45,6 +45,7 @@ from rayb.models.pretrained import Checkpoint, initialise_from
 from rayb.models.registry import get_arch
 from rayb.train.collectives import HostCollectives
 from rayb.train.deepspeed_imports import hidden, without_muon, without_shm_comm
+from rayb.train.engine import deepspeed_config, make_optimizer, param_groups
 from rayb.train.metrics_log import MetricsLog
 from rayb.train.schedule import lr_multiplier
 from rayb.train.spec import TrainSpec
@@ -340,52 +341,6 @@ def _release_memory(compiled: bool) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def deepspeed_config(t: TrainSpec) -> dict[str, Any]:
-    precision = t.resolved_precision
-    config = {
-        "train_batch_size": t.global_batch,
-        "train_micro_batch_size_per_gpu": t.micro_batch,
-        "gradient_accumulation_steps": t.accumulation,
-        "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
-        # ZeRO shards any optimizer whose update is elementwise, as ADOPT's is; DeepSpeed only vouches
-        # for its own list, and asks for this flag for the rest.
-        "zero_allow_untested_optimizer": t.optimizer != "adamw",
-        "bf16": {"enabled": precision == "bf16-deepspeed"},  # bf16 parameters: only by explicit choice
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-    }
-    if precision == "bf16":
-        # DeepSpeed runs the forward under torch.autocast (it switches off an autocast opened around it).
-        # No module is "lower-precision safe": every gradient is reduced in fp32, as DDP does under autocast.
-        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
-    return config
-
-
-def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, betas: tuple[float, float]):
-    """AdamW, or ADOPT / ADOPT-atan2 from the maintained adam-atan2-pytorch package. All three decay
-    weights the AdamW way, p ← p·(1 − lr·wd), so one weight_decay means the same for each."""
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8)
-    from adam_atan2_pytorch.adopt import Adopt
-    from adam_atan2_pytorch.adopt_atan2 import AdoptAtan2
-
-    # decoupled_wd=False: the package's default divides the decay by the initial lr instead.
-    return {"adopt": Adopt, "adopt_atan2": AdoptAtan2}[name](groups, lr=lr, betas=betas, decoupled_wd=False)
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only (as in nanoGPT and most LM recipes); never biases, norms or scalars, nor
-    what the model names in a `no_weight_decay()` method (see models/hooks.py)."""
-    exempt = hooks.no_weight_decay(model)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decayed = [p.dim() >= 2 and n not in exempt for n, p in named]
-    return [
-        {"params": [p for (_, p), d in zip(named, decayed, strict=True) if d], "weight_decay": weight_decay},
-        {"params": [p for (_, p), d in zip(named, decayed, strict=True) if not d], "weight_decay": 0.0},
-    ]
 
 
 # ----- one optimizer step ------------------------------------------------------------------------------
