@@ -146,12 +146,10 @@ def test_deepspeed_trains_without_importing_muon_or_torchs_compiler_and_to_the_s
     import subprocess
     import sys
 
-    from conftest import free_ports
-
-    (port,) = free_ports(1)
-    probe = f"""
+    probe = """
 import os, sys
-os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0",
+# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
+os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0",
                   WORLD_SIZE="1")
 import deepspeed, torch
 from rayb.train.deepspeed_imports import DEEPSPEED_MUON, DEEPSPEED_MUON_KERNELS, without_muon, without_shm_comm
@@ -161,7 +159,7 @@ without_shm_comm()  # as rayb's workers train
 def trained(stage):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    config = {{"train_batch_size": 2, "zero_optimization": {{"stage": stage}}}}
+    config = {"train_batch_size": 2, "zero_optimization": {"stage": stage}}
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     for step in range(2):
@@ -188,8 +186,6 @@ def test_one_cpu_worker_leaves_out_zero_1s_gradient_buckets_for_the_same_weights
     """On one CPU worker rayb's ZeRO-1 leaves out the copy of each gradient into a contiguous bucket
     (train/engine.py); the weights after three steps of gradient accumulation, with clipping acting, are
     DeepSpeed's default's to the bit, in fp32 and under bf16 autocast. Several workers or a GPU keep it."""
-    from conftest import free_ports
-
     from rayb.train.engine import deepspeed_config
     from rayb.train.spec import TrainSpec
 
@@ -205,10 +201,10 @@ def test_one_cpu_worker_leaves_out_zero_1s_gradient_buckets_for_the_same_weights
         is buckets(zero_stage=2)
         is None
     )
-    (port,) = free_ports(1)
-    probe = f"""
+    probe = """
 import os
-os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0",
+# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
+os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0",
                   WORLD_SIZE="1")
 from rayb.train.loop import import_worker_libraries
 import_worker_libraries(use_gpu=False)
@@ -221,7 +217,7 @@ from rayb.train.spec import TrainSpec
 def trained(precision, zero):
     train = TrainSpec(global_batch=4, micro_batch=2, grad_clip=0.01, zero_stage=1, precision=precision)
     torch.manual_seed(0)
-    model = build_model("gpt2", {{"d_model": 32, "n_layer": 2, "n_head": 2}}, 64, 16)
+    model = build_model("gpt2", {"d_model": 32, "n_layer": 2, "n_head": 2}, 64, 16)
     optimizer = make_optimizer("adamw", param_groups(model, 0.1), 0.01, (0.9, 0.95))
     config = deepspeed_config(train)
     config["zero_optimization"] |= zero
@@ -234,7 +230,7 @@ def trained(precision, zero):
     return [p.detach().clone() for p in model.parameters()]
 
 for precision in ("fp32", "bf16"):
-    rayb, default = trained(precision, {{}}), trained(precision, {{"contiguous_gradients": True}})
+    rayb, default = trained(precision, {}), trained(precision, {"contiguous_gradients": True})
     print(precision, all(torch.equal(a, b) for a, b in zip(rayb, default, strict=True)))
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -247,17 +243,15 @@ def test_a_worker_neither_compiles_nor_loads_deepspeeds_shared_memory_all_reduce
     on 2 cores, in the first worker of a fresh machine) for tensor-parallel inference alone: a worker's
     imports (train/loop.import_worker_libraries) tell it not to, also where DeepSpeed was imported before
     them, and its ZeRO steps reduce as ever."""
-    from conftest import free_ports
-
-    (port,) = free_ports(1)
-    probe = f"""
+    probe = """
 import os
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
 import deepspeed, torch  # before the worker's imports, as a test's wrapper of the loop does
 from rayb.train.loop import import_worker_libraries
 import_worker_libraries(use_gpu=False)
 model = torch.nn.Linear(4, 4)
-config = {{"train_batch_size": 2, "zero_optimization": {{"stage": 1}}}}
+config = {"train_batch_size": 2, "zero_optimization": {"stage": 1}}
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
 engine.backward(engine(torch.randn(2, 4)).square().mean())
 engine.step()
