@@ -44,6 +44,17 @@ from rayb.tune.sweep import run_pool
 
 pytestmark = pytest.mark.ray
 
+# The start of a fresh process's script that trains through DeepSpeed alone: a world of one, whose store
+# binds a free port itself (MASTER_PORT 0; one picked ahead may be taken by another process meanwhile).
+WORLD_OF_ONE = """import os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+"""
+
+
+def _on_cpu() -> dict[str, str]:
+    """This process's environment, with DeepSpeed's accelerator set to its CPU one."""
+    return os.environ | {"DS_ACCELERATOR": "cpu"}
+
 
 def _trial(tiny_cache, out: Path, arch_index: int, num_workers: int, **train) -> tuple[Study, TrialSpec]:
     raw = tiny_study_dict(seeds=[0])
@@ -146,11 +157,10 @@ def test_deepspeed_trains_without_importing_muon_or_torchs_compiler_and_to_the_s
     import subprocess
     import sys
 
-    probe = """
-import os, sys
-# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
-os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0",
-                  WORLD_SIZE="1")
+    probe = (
+        WORLD_OF_ONE
+        + """
+import sys
 import deepspeed, torch
 from rayb.train.deepspeed_imports import DEEPSPEED_MUON, DEEPSPEED_MUON_KERNELS, without_muon, without_shm_comm
 
@@ -177,7 +187,8 @@ assert issubclass(MuonWithAuxAdam, torch.optim.Optimizer)
 real = [trained(stage) for stage in stages]
 print(all(torch.equal(a, b) for s, r in zip(stand_in, real) for a, b in zip(s, r)))
 """
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=_on_cpu(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-3:] == ["[]", "[]", "True"], done.stdout[-3000:]
 
@@ -201,11 +212,9 @@ def test_one_cpu_worker_leaves_out_zero_1s_gradient_buckets_for_the_same_weights
         is buckets(zero_stage=2)
         is None
     )
-    probe = """
-import os
-# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
-os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0",
-                  WORLD_SIZE="1")
+    probe = (
+        WORLD_OF_ONE
+        + """
 from rayb.train.loop import import_worker_libraries
 import_worker_libraries(use_gpu=False)
 import deepspeed, torch
@@ -233,7 +242,8 @@ for precision in ("fp32", "bf16"):
     rayb, default = trained(precision, {}), trained(precision, {"contiguous_gradients": True})
     print(precision, all(torch.equal(a, b) for a, b in zip(rayb, default, strict=True)))
 """
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=_on_cpu(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-2:] == ["fp32 True", "bf16 True"], done.stdout[-3000:]
 
@@ -243,10 +253,9 @@ def test_a_worker_neither_compiles_nor_loads_deepspeeds_shared_memory_all_reduce
     on 2 cores, in the first worker of a fresh machine) for tensor-parallel inference alone: a worker's
     imports (train/loop.import_worker_libraries) tell it not to, also where DeepSpeed was imported before
     them, and its ZeRO steps reduce as ever."""
-    probe = """
-import os
-# MASTER_PORT 0: this world of one binds a free port itself (one picked ahead may be taken meanwhile)
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+    probe = (
+        WORLD_OF_ONE
+        + """
 import deepspeed, torch  # before the worker's imports, as a test's wrapper of the loop does
 from rayb.train.loop import import_worker_libraries
 import_worker_libraries(use_gpu=False)
@@ -257,6 +266,7 @@ engine.backward(engine(torch.randn(2, 4)).square().mean())
 engine.step()
 print(deepspeed.comm.comm.cdb.shm_comm_op)
 """
+    )
     builds = tmp_path / "torch_extensions"
     env = os.environ | {"TORCH_EXTENSIONS_DIR": str(builds)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)

@@ -18,7 +18,7 @@ def deepspeed_config(t: TrainSpec) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": t.accumulation,
         "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage} | _one_cpu_worker_zero(t),
+        "zero_optimization": {"stage": t.zero_stage},
         # ZeRO shards any optimizer whose update is elementwise, as ADOPT's is; DeepSpeed only vouches
         # for its own list, and asks for this flag for the rest.
         "zero_allow_untested_optimizer": t.optimizer != "adamw",
@@ -30,16 +30,13 @@ def deepspeed_config(t: TrainSpec) -> dict[str, Any]:
         # DeepSpeed runs the forward under torch.autocast (it switches off an autocast opened around it).
         # No module is "lower-precision safe": every gradient is reduced in fp32, as DDP does under autocast.
         config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    if (t.zero_stage, t.num_workers, t.use_gpu) == (1, 1, False):
+        # ZeRO-1 on one CPU worker reduces nothing, yet by default DeepSpeed copies each gradient into a
+        # contiguous bucket as the backward pass makes it, through a hook on every parameter: 2-3% of the
+        # smoke gpt2's step on 2 cores, for weights equal to the bit (bench/deepspeed_step.py). Not on a GPU,
+        # where no run has measured it, nor for several workers, whose reduction fills those buckets.
+        config["zero_optimization"]["contiguous_gradients"] = False
     return config
-
-
-def _one_cpu_worker_zero(t: TrainSpec) -> dict[str, Any]:
-    """ZeRO-1 on one CPU worker reduces nothing, yet by default DeepSpeed copies each gradient into a
-    contiguous bucket as the backward pass makes it, through a hook on every parameter: 2-3% of the smoke
-    gpt2's step on 2 cores, for weights equal to the bit (bench/deepspeed_step.py). Not on a GPU, where no
-    run has measured it, nor for several workers, whose reduction fills those buckets."""
-    one_cpu_worker = (t.zero_stage, t.num_workers, t.use_gpu) == (1, 1, False)
-    return {"contiguous_gradients": False} if one_cpu_worker else {}
 
 
 def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, betas: tuple[float, float]):
