@@ -455,11 +455,16 @@ class EvalPool:
         (no trial waits for a group) and while groups still run, take the rest out of the queue for the
         workers about to be free rather than start actors for them; returned, to go back once actors have
         had their turn. The workers are let go once every trial has finished training and no such job is
-        left, or as soon as a worker group waits for resources (maybe theirs)."""
-        if state is None or state["released"] or not state["drained"]:
-            return []
+        left, or as soon as a worker group waits for resources (maybe theirs). While the queue does not
+        answer (not started yet, or its call failed) they wait for its next answer: the pool's feed drops the
+        queue as soon as the pool has ended, and then actors take them."""
         queue = self._queues.get(0.0, [])
         theirs = [job for job in queue if relayable(job.suite)]
+        if state is None and workers is not None:
+            queue[:] = [job for job in queue if not relayable(job.suite)]
+            return theirs
+        if state is None or state["released"] or not state["drained"]:
+            return []
         # A group seen waiting is asked about afresh: an answer from before the pool drained may have seen its
         # own groups' placement groups pending as they started, and on 2 cores a tiny study's groups drain
         # within LOOK_S of their start. Letting the workers go for that left their jobs to actors, which
