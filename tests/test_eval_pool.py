@@ -171,13 +171,15 @@ def test_drained_workers_are_let_go_only_for_a_group_waiting_now(ray_session):
 def test_jobs_for_drained_workers_wait_while_the_pools_queue_does_not_answer():
     """While a pool trains and its queue does not answer (not started yet, or a call to it failed), the jobs
     a drained Train worker may run wait for the next answer rather than start an eval actor; the rest stay
-    queued for actors, as every job does once no pool trains."""
+    queued for actors, as every job does once no pool trains, or once training is over (the queue, killed
+    as its pool ends, no longer answers before the feed drops it)."""
     lm, speed = SimpleNamespace(suite="lm"), SimpleNamespace(suite="speed")
     pool = EvalPool(num_actors=2, use_gpu=False, log=lambda _: None)
     pool._queues = {0.0: [lm, speed]}
-    assert pool._relay(object(), None) == [lm] and pool._queues[0.0] == [speed]
-    pool._queues = {0.0: [lm, speed]}
-    assert pool._relay(None, None) == [] and pool._queues[0.0] == [lm, speed]
+    assert pool._relay(object(), None, training=True) == [lm] and pool._queues[0.0] == [speed]
+    for workers, training in [(None, True), (object(), False)]:
+        pool._queues = {0.0: [lm, speed]}
+        assert pool._relay(workers, None, training=training) == [] and pool._queues[0.0] == [lm, speed]
 
 
 def test_a_job_waits_for_a_core_free_of_training(ray_session, tiny_cache, tmp_path):

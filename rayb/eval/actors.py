@@ -347,7 +347,7 @@ class EvalPool:
                 # processes started: on 2 cores the group started about 0.5 s later.
                 self._standing = max(0, min(spare if self._spare_before else 0, self.num_actors))
                 self._spare_before = spare > 0
-                kept = self._relay(workers, state)
+                kept = self._relay(workers, state, training=more)
                 self._start_actors(more)
                 if kept:
                     self._queues[0.0][:0] = kept
@@ -450,18 +450,21 @@ class EvalPool:
             self._waiting = any(group["state"] == "PENDING" for group in table)
         return self._waiting
 
-    def _relay(self, workers: DrainedWorkers | None, state: dict[str, Any] | None) -> list[EvalJob]:
+    def _relay(
+        self, workers: DrainedWorkers | None, state: dict[str, Any] | None, training: bool = True
+    ) -> list[EvalJob]:
         """Hand the queued CPU jobs a drained Train worker may run to the free ones. Once the pool has drained
         (no trial waits for a group) and while groups still run, take the rest out of the queue for the
         workers about to be free rather than start actors for them; returned, to go back once actors have
         had their turn. The workers are let go once every trial has finished training and no such job is
         left, or as soon as a worker group waits for resources (maybe theirs). While the queue does not
-        answer (not started yet, or its call failed) they wait for its next answer: the pool's feed drops the
-        queue as soon as the pool has ended, and then actors take them."""
+        answer (not started yet, or its call failed) and training may go on, they wait for its next answer;
+        once training is over (`training` false: the feed's last answer) actors take them."""
         queue = self._queues.get(0.0, [])
         theirs = [job for job in queue if relayable(job.suite)]
-        if state is None and workers is not None:
-            queue[:] = [job for job in queue if not relayable(job.suite)]
+        others = [job for job in queue if not relayable(job.suite)]
+        if state is None and workers is not None and training:
+            queue[:] = others
             return theirs
         if state is None or state["released"] or not state["drained"]:
             return []
@@ -483,7 +486,7 @@ class EvalPool:
         given = max(0, int(min(state["free"], self._cpu_jobs_left())))
         for job in theirs[:given]:
             self._running[workers.evaluate(job, self.threads)] = (None, 0.0, job, time.perf_counter())
-        queue[:] = [job for job in queue if not relayable(job.suite)]
+        queue[:] = others
         return theirs[given:]
 
     def _start_actors(self, more: bool) -> None:
