@@ -183,16 +183,26 @@ def _read_whole(fs, path: str, sink: BinaryIO) -> None:
     size the reader asked for and the object still has that size after it; else it reads again. Not
     seen: a version replaced twice during the read, the second time by one of the first's size, nor
     one replaced by another of its size between the 8 MiB parts of a large file (rayb rewrites only
-    small files; checkpoints and token shards are written once)."""
+    small files; checkpoints and token shards are written once). A read the store breaks off (an error
+    other than the object missing: moto's S3 server did so to a reader of an object being replaced) is
+    read again in the same way; where the last read failed so, its error is raised."""
     for attempt in range(_READ_ATTEMPTS):
         sink.seek(0)
         sink.truncate()
-        with fs.open_input_file(path) as source:
-            size = source.size()
-            shutil.copyfileobj(source, sink, 8 << 20)
-        if sink.tell() == size == fs.get_file_info(path).size:
-            return
+        error = None
+        try:
+            with fs.open_input_file(path) as source:
+                size = source.size()
+                shutil.copyfileobj(source, sink, 8 << 20)
+            if sink.tell() == size == fs.get_file_info(path).size:
+                return
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            error = exc
         time.sleep(0.01 * 2**attempt)  # a writer mid-burst: let it finish
+    if error is not None:
+        raise error
     raise OSError(f"{path} changed on the store during each of {_READ_ATTEMPTS} reads of it")
 
 

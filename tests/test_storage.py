@@ -4,6 +4,7 @@ paths: what a study writes lands on the store, what a node reads comes through i
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
 import time
@@ -165,6 +166,41 @@ def test_a_file_rewritten_while_it_is_read_is_read_whole(s3_bucket, mirror):
         writer.join()
     assert all(len(v["pad"]) == v["n"] for v in versions)
     assert versions[-1]["n"] > versions[0]["n"]  # the writer really ran beside the reads
+
+
+class _BreaksOff:
+    """A store's filesystem whose first `reads` reads the store breaks off partway, with the error pyarrow
+    raised when moto's S3 server did so to a reader of an object being replaced."""
+
+    def __init__(self, fs, reads: int):
+        self.fs, self.left, self.broken = fs, reads, 0
+
+    def get_file_info(self, path):
+        return self.fs.get_file_info(path)
+
+    @contextlib.contextmanager
+    def open_input_file(self, path):
+        with self.fs.open_input_file(path) as source:
+            if self.left:
+                self.left, self.broken = self.left - 1, self.broken + 1
+                source.read(1)
+                raise OSError(
+                    "AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream"
+                )
+            yield source
+
+
+def test_a_read_the_store_breaks_off_is_read_again(s3_bucket, monkeypatch):
+    location = f"s3://{s3_bucket}/broken-off.json"
+    storage.write_bytes(location, b'{"n": 1}')
+    fs, path = storage.filesystem(location)
+    store, sink = _BreaksOff(fs, reads=2), io.BytesIO()
+    storage._read_whole(store, path, sink)
+    assert sink.getvalue() == b'{"n": 1}' and store.broken == 2
+    # A store that breaks off every read: its own error, not a file cut short or an empty one.
+    monkeypatch.setattr(storage, "_READ_ATTEMPTS", 3)
+    with pytest.raises(OSError, match="INTERNAL_FAILURE"):
+        storage._read_whole(_BreaksOff(fs, reads=3), path, io.BytesIO())
 
 
 def test_a_cache_on_s3_is_the_local_cache_byte_for_byte(
