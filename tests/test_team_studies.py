@@ -35,10 +35,29 @@ def _repo_root():
         yield
 
 
+# Per full-size study: what validate's size warnings must say, and what they must not.
+SIZE_WARNINGS = {
+    # The gate compares candidate-8m with gpt2-8m only: RWKV-6's untied head makes it 1.54× the total;
+    # candidate-3.5m is within ±2% and not compared.
+    "groundthink-gate": (
+        ["candidate-8m vs gpt2-8m, matched by non-embedding parameters, still differ in total parameters "
+         "40,178,560 vs 26,072,736 (1.54×, more than 1.25×)"],
+        ["candidate-3.5m"],
+    ),
+    # titans' Mamba-2 at 360M has 39 layers, 19.5 blocks: as deep as Transformer++'s 19.
+    "titans": (["gdn-360m vs transformerpp-360m"], ["mamba2-360m vs"]),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("plan", [*PLANS, "backpack-pretrain"])
 def test_full_size_studies_validate_and_plan(plan):
     result = runner.invoke(app, ["validate", f"configs/{plan}.yaml"])
     assert result.exit_code == 0, result.output
+    # The size warnings: after the last model's line (it ends "N training FLOPs"), before the self-checks.
+    output = " ".join(result.output.split())
+    warnings = re.split(r"training FLOPs(?! per)", output)[-1].split("self-checks")[0]
+    present, absent = SIZE_WARNINGS.get(plan, ([], []))
+    assert all(w in warnings for w in present) and not any(w in warnings for w in absent), warnings
     result = runner.invoke(app, ["plan", f"configs/{plan}.yaml", "--gpu", "a100", "--mfu", "0.4"])
     assert result.exit_code == 0, result.output
     assert "GPU-hours at 40% MFU of 312 TFLOP/s per GPU" in " ".join(result.output.split())
