@@ -231,6 +231,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """What collecting imported (torch, transformers, Ray, DeepSpeed: most of this process's objects) is
+    left out of garbage collection from here on, as rayb leaves out its workers' imports
+    (rayb.imports_frozen): Python's full collections during the tests, and the five pytest makes as the
+    session ends, walk only what the tests made."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def free_ports(n: int) -> list[int]:
     """`n` distinct free ports. Their sockets stay bound until all are chosen: a port freed at once can be
     handed out again by the next bind, and a Ray node given one port for two components refuses to start."""
