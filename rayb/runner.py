@@ -283,7 +283,7 @@ def run_study(
             each round's decision waits on evaluations that need what the groups would hold."""
             nonlocal trained, groups, report_imports
             to_train = [t for t in trials_to_train if t.arch != PRETRAINED_ARCH]
-            at_once = groups_at_once(to_train, slots, capacity)
+            at_once = groups_at_once(to_train, slots, capacity, study.data.seq_len)
             if not (pool := worker_pool(to_train, at_once, cores)):
                 return
             report_imports = report_imports or import_report_libraries()

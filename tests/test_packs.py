@@ -20,6 +20,7 @@ from rayb.tune.packs import (
     groups_per_queue,
     makespan,
     one_node,
+    trial_seconds,
     trial_slots,
     unfittable,
     worker_pool,
@@ -74,25 +75,39 @@ def test_the_costliest_trials_go_first_and_the_pool_ends_when_its_last_group_doe
 def test_a_cpu_node_trains_as_many_groups_at_once_as_end_soonest_on_its_cores():
     two_cores = Capacity(({"CPU": 2.0},))
 
-    def seeds(n: int, **train) -> list[TrialSpec]:
+    def seeds(n: int, **train) -> list[TrialSpec]:  # minutes each: a group's start is small beside them
         return [
             replace(t, train_flops_per_token=6e6) for t in _trials(models=("gpt2",), seeds=range(n), **train)
         ]
 
+    def at_once(trials: list[TrialSpec], slots: int, capacity: Capacity) -> int:
+        return groups_at_once(trials, slots, capacity, seq_len=1024)
+
     # 1.6x faster on two threads than on one: three seeds end sooner one by one on both cores (3 trials'
     # time) than two at once on one core each and then the third alone (2 x 1.6); two, four, five or ten
     # seeds sooner two at a time.
-    assert [groups_at_once(seeds(n), 2, two_cores) for n in (1, 2, 3, 4, 5, 10)] == [1, 2, 1, 2, 2, 2]
-    (group,) = worker_pool(seeds(3), groups_at_once(seeds(3), 2, two_cores), cores=2)
+    assert [at_once(seeds(n), 2, two_cores) for n in (1, 2, 3, 4, 5, 10)] == [1, 2, 1, 2, 2, 2]
+    (group,) = worker_pool(seeds(3), at_once(seeds(3), 2, two_cores), cores=2)
     assert group.threads == 2 and len(group.trials) == 3
     # Eight cores, ten seeds: four groups on two threads each (3 rounds / 1.6) beat eight on one (2 rounds)
     # and two on four (5 rounds / 2.3).
-    assert groups_at_once(seeds(10), 8, Capacity(({"CPU": 8.0},))) == 4
+    assert at_once(seeds(10), 8, Capacity(({"CPU": 8.0},))) == 4
     # GPUs, nodes whose threads are each node's own, and an autoscaler: every slot.
-    assert groups_at_once(seeds(3, use_gpu=True), 2, Capacity(({"CPU": 8.0, "GPU": 2.0},))) == 2
-    assert groups_at_once(seeds(3), 2, Capacity(({"CPU": 1.0}, {"CPU": 1.0}))) == 2
-    assert groups_at_once(seeds(3), 2, Capacity(({"CPU": 2.0},), scales=True)) == 2
-    assert groups_at_once(seeds(3, max_concurrent_trials=2), 2, two_cores) == 2  # as the study asks
+    assert at_once(seeds(3, use_gpu=True), 2, Capacity(({"CPU": 8.0, "GPU": 2.0},))) == 2
+    assert at_once(seeds(3), 2, Capacity(({"CPU": 1.0}, {"CPU": 1.0}))) == 2
+    assert at_once(seeds(3), 2, Capacity(({"CPU": 2.0},), scales=True)) == 2
+    assert at_once(seeds(3, max_concurrent_trials=2), 2, two_cores) == 2  # as the study asks
+
+
+def test_trials_shorter_than_a_worker_groups_start_train_on_one_group():
+    """The tiny test study's trials (24 steps of a 43K-parameter model: under half a second each) end
+    sooner one after another than on a second group, whose start takes the cores for seconds; a second
+    group pays once the trials are long enough."""
+    two_cores = Capacity(({"CPU": 2.0},))
+    tiny = [replace(t, train_flops_per_token=2.7e5) for t in _trials(global_batch=8)]
+    assert trial_seconds(tiny[0], seq_len=32, threads=2) < 0.5
+    assert groups_at_once(tiny, 2, two_cores, seq_len=32) == 1
+    assert groups_at_once([replace(t, steps=t.steps * 200) for t in tiny], 2, two_cores, seq_len=32) == 2
 
 
 def test_trials_that_need_another_worker_group_or_run_a_users_model_train_apart():

@@ -187,18 +187,36 @@ def worker_pool(trials: list[TrialSpec], slots: int, cores: int) -> list[TrialPa
 # threads than on 1 thread beside a second group (28 s against 43 s; 22 s against 37-39 s on another day),
 # a share of 0.12-0.30.
 SERIAL_SHARE = 0.25
+# A CPU training step: a fixed cost (Python, DeepSpeed's engine, the loop's log), then its FLOPs at a core's
+# rate. The tiny test study's 43K-parameter gpt2 took 16 ms a step on 2 cores, its FLOPs a tenth of a
+# millisecond; the smoke study's 1M-parameter gpt2 0.18 s on 2 threads for 1.3e10 FLOPs: 5e10 a second on
+# one thread (2 cores, 2026-12).
+STEP_S = 0.015
+CORE_FLOPS = 5e10
+# What one more worker group takes from the cores as it starts: its Train worker's imports (torch,
+# DeepSpeed, transformers), its controller and synchronization actor. The tiny study's four trials took
+# 2.5-7 CPU-seconds more, and 0.6-2.3 s more wall, on two groups at once than on one (2 cores, 2026-12-08).
+GROUP_START_CPU_S = 5.0
 
 
 def thread_speedup(threads: int) -> float:
     return 1.0 / (SERIAL_SHARE + (1.0 - SERIAL_SHARE) / threads)
 
 
-def groups_at_once(trials: list[TrialSpec], slots: int, capacity: Capacity) -> int:
+def trial_seconds(trial: TrialSpec, seq_len: int, threads: int) -> float:
+    """A CPU trial's training time on `threads` torch threads, by the step model above."""
+    flops_per_step = trial.train_flops_per_token * trial.train.global_batch * seq_len
+    return trial.steps * (STEP_S + flops_per_step / (CORE_FLOPS * thread_speedup(threads)))
+
+
+def groups_at_once(trials: list[TrialSpec], slots: int, capacity: Capacity, seq_len: int) -> int:
     """How many of the `slots` worker groups that fit should train at once: on one CPU node, the count that
-    ends soonest, its groups sharing the node's cores as torch threads (`thread_speedup`). Three seeds on
-    two cores end sooner one after another on both cores than two at once and then the third alone on one;
-    ten end sooner two at a time. A GPU study, one spread over nodes (whose threads are each node's), and
-    one that sets max_concurrent_trials run every slot."""
+    ends soonest, its groups sharing the node's cores as torch threads (`thread_speedup`), each group after
+    the first taking the cores' time its start costs (GROUP_START_CPU_S). Three seeds on two cores end
+    sooner one after another on both cores than two at once and then the third alone on one; ten end sooner
+    two at a time; seeds of a second each sooner on one group than on two that both start. A GPU study, one
+    spread over nodes (whose threads are each node's), and one that sets max_concurrent_trials run every
+    slot."""
     if not trials or len(capacity.nodes) != 1 or capacity.scales:
         return slots
     train = trials[0].train
@@ -206,11 +224,12 @@ def groups_at_once(trials: list[TrialSpec], slots: int, capacity: Capacity) -> i
         return slots
     cores = int(capacity.nodes[0].get("CPU", 1))
     queues = _queues(trials)
-    durations = [[_cost(t) for t in queue] for queue in queues]
 
     def wall(at_once: int) -> float:
+        threads = _threads(cores, at_once, train)
+        durations = [[trial_seconds(t, seq_len, threads) for t in queue] for queue in queues]
         groups = groups_per_queue([len(q) for q in queues], at_once)
-        return makespan(durations, groups, at_once) / thread_speedup(_threads(cores, at_once, train))
+        return makespan(durations, groups, at_once) + (at_once - 1) * GROUP_START_CPU_S / cores
 
     return min(range(1, min(slots, len(trials)) + 1), key=wall)  # the fewest groups of equals
 
