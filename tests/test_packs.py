@@ -75,7 +75,8 @@ def test_the_costliest_trials_go_first_and_the_pool_ends_when_its_last_group_doe
 def test_a_cpu_node_trains_as_many_groups_at_once_as_end_soonest_on_its_cores():
     two_cores = Capacity(({"CPU": 2.0},))
 
-    def seeds(n: int, **train) -> list[TrialSpec]:  # minutes each: a group's start is small beside them
+    # Trials of over a minute each, beside which a group's start is small.
+    def seeds(n: int, **train) -> list[TrialSpec]:
         return [
             replace(t, train_flops_per_token=6e6) for t in _trials(models=("gpt2",), seeds=range(n), **train)
         ]

@@ -195,7 +195,8 @@ STEP_S = 0.015
 CORE_FLOPS = 5e10
 # What one more worker group takes from the cores as it starts: its Train worker's imports (torch,
 # DeepSpeed, transformers), its controller and synchronization actor. The tiny study's four trials took
-# 2.5-7 CPU-seconds more, and 0.6-2.3 s more wall, on two groups at once than on one (2 cores, 2026-12-08).
+# 2.5-10 CPU-seconds more, and 0.6-3.9 s more wall, on two groups at once than on one (five pairs of
+# `rayb run`, 2 cores, 2026-12-08).
 GROUP_START_CPU_S = 5.0
 
 
