@@ -463,10 +463,12 @@ class EvalPool:
         queue = self._queues.get(0.0, [])
         theirs = [job for job in queue if relayable(job.suite)]
         others = [job for job in queue if not relayable(job.suite)]
-        if state is None and workers is not None and training:
+        if state is None:
+            if workers is None or not training:
+                return []
             queue[:] = others
             return theirs
-        if state is None or state["released"] or not state["drained"]:
+        if state["released"] or not state["drained"]:
             return []
         # A group seen waiting is asked about afresh: an answer from before the pool drained may have seen its
         # own groups' placement groups pending as they started, and on 2 cores a tiny study's groups drain
